@@ -1,0 +1,11 @@
+// The fp4moe subcommands. Each registers itself on the app and runs from its callback; errors
+// are thrown as fp4moe::Error and printed by main.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace fp4moe::cli {
+
+void register_info(CLI::App& app);
+
+}  // namespace fp4moe::cli
