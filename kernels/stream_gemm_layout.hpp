@@ -1,0 +1,62 @@
+// Shared-memory layout of the weight-streaming grouped GEMM (kernels/stream_gemm.cu), the
+// decode-path kernel. This header is the single definition of the kernel's shared storage:
+// the kernel carves its shared memory with these functions (and static_asserts on them), and
+// the planner sizes configurations with the same functions, so a plan that fits always launches.
+// Pure C++ (no CUDA headers): host code includes it too.
+//
+// Work split (one warp = one work item at a time; warps never wait for each other):
+//
+//   weights of one expert [N rows, K]        activations of that expert's tokens [M, K]
+//   +---------------------------+            +---------------------------+
+//   | item: m_tiles*16 rows     | x          | n_tiles*8 tokens          |   -> acc[m_tiles*16 x n_tiles*8]
+//   |  streamed over K in       |            |  same K chunks            |
+//   |  chunks of 64             |            |                           |
+//   +---------------------------+            +---------------------------+
+//
+// Each warp owns a ring of `stages` buffers in shared memory, filled with cp.async one K chunk
+// ahead of use per stage; one stage holds, for one chunk of 64 K values:
+//   weights  m_tiles x 512 B  (16 rows x 64 values x 4 bits, in mma fragment order)
+//   scales   m_tiles x  64 B  (16 rows x 4 blocks of 16, one byte each)
+//   acts     n_tiles x 1024 B (8 tokens x 64 values x bf16)
+#pragma once
+
+#include <cstdint>
+
+namespace fp4moe::kernels {
+
+struct StreamGemmConfig {
+  int m_tiles = 1;  // 16-row mma tiles per warp item (1, 2 or 4)
+  int n_tiles = 1;  // 8-token mma tiles per warp item (1, 2 or 4)
+  int stages = 8;   // per-warp pipeline depth
+  int warps = 8;    // warps per CTA (independent; the CTA only shares the SM)
+
+  constexpr bool operator==(const StreamGemmConfig&) const = default;
+};
+
+struct StreamGemmLayout {
+  static constexpr int kChunkK = 64;            // K values per pipeline stage
+  static constexpr int kWeightTileBytes = 512;  // 16 x 64 x 0.5
+  static constexpr int kScaleTileBytes = 64;    // 16 x 4
+  static constexpr int kActTileBytes = 1024;    // 8 x 64 x 2
+  static constexpr int kStageAlign = 128;
+
+  static constexpr int weight_offset(const StreamGemmConfig&) { return 0; }
+  static constexpr int scale_offset(const StreamGemmConfig& c) { return c.m_tiles * kWeightTileBytes; }
+  static constexpr int act_offset(const StreamGemmConfig& c) {
+    return scale_offset(c) + c.m_tiles * kScaleTileBytes;
+  }
+  static constexpr int stage_bytes(const StreamGemmConfig& c) {
+    const int raw = act_offset(c) + c.n_tiles * kActTileBytes;
+    return (raw + kStageAlign - 1) / kStageAlign * kStageAlign;
+  }
+  static constexpr int warp_bytes(const StreamGemmConfig& c) { return c.stages * stage_bytes(c); }
+  static constexpr std::int64_t cta_bytes(const StreamGemmConfig& c) {
+    return static_cast<std::int64_t>(c.warps) * warp_bytes(c);
+  }
+  static constexpr int threads(const StreamGemmConfig& c) { return c.warps * 32; }
+};
+
+static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8}) == 1664);
+static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8}) == 106496);
+
+}  // namespace fp4moe::kernels
