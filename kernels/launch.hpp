@@ -11,12 +11,14 @@
 
 namespace fp4moe::kernels {
 
-inline constexpr int kMaxRoutedExperts = 512;   // per-warp routing scratch: 16 experts per lane
+inline constexpr int kMaxRoutedExperts = 512;   // routing keeps 16 experts per lane in registers
 inline constexpr int kMaxTotalExperts = 1024;   // routed + shared pieces (one-CTA scan)
 inline constexpr int kMaxTopK = 32;
 inline constexpr int kMaxGroups = 32;           // sigmoid router: one lane per group
-// Token counts up to which routing and grouping run in one CTA (one launch, for decode).
-inline constexpr int kSmallRouteTokens = 256;
+// Token counts and experts up to which routing and grouping run in one CTA (one launch, for
+// decode); above 256 experts a 1024-thread CTA has too few registers per lane for the keys.
+inline constexpr int kSmallRouteTokens = 128;
+inline constexpr int kSmallRouteExperts = 256;
 
 enum class RouterId : int { kSoftmaxTopK = 0, kSigmoidGroupTopK = 1, kTopKSoftmax = 2 };
 

@@ -1,15 +1,17 @@
 // Routing and grouping: router logits -> top-k ids and weights -> tokens grouped by expert.
 //
-//   route:   one warp per token. Selection scores live in the warp's shared scratch; each of
-//            k rounds takes the warp-wide best (score, id) under detail::ranks_before (larger
-//            first, NaN last, ties to the lower id), so picks equal the CPU reference's bit for
-//            bit (same portable sigmoid/exp, same operation order for the weights).
+//   route:   one warp per token. Every expert's selection score becomes a 64-bit key that
+//            orders like detail::ranks_before (score order-preserving in the high word, NaN
+//            lowest, ~id in the low word so equal scores go to the lower id); each lane keeps
+//            its experts' keys in registers, and each of the k rounds is a warp-wide maximum
+//            (two REDUX) of the lanes' best keys. Picks therefore equal the CPU reference's bit
+//            for bit (same portable sigmoid/exp); the sigmoid and top-k-softmax weights too.
 //   count:   per-expert token counts (integer atomics).
 //   scan:    one CTA: slot offsets per expert, the ascending list of active experts, and for
 //            each GEMM the number of token blocks before each active expert (its work list).
 //   scatter: each (token, pick) takes a slot in its expert's range; the shared expert's pieces
 //            take slot offset + token.
-// For decode sizes all four run in one CTA and one launch (launch_route_group_small).
+// For decode sizes all four run in one CTA of 1024 threads and one launch.
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
@@ -26,188 +28,197 @@ using detail::pm_div;
 using detail::pm_mul;
 using detail::portable_exp;
 using detail::portable_sigmoid;
-using detail::ranks_before;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kPerLane = kMaxRoutedExperts / 32;
-constexpr int kScanItems = kMaxTotalExperts / kThreads;
-static_assert(kPerLane <= 32, "the per-lane 'taken' mask is 32 bits");
+constexpr int kSmallThreads = 1024;  // the one-CTA decode kernel: one warp per token
+constexpr int kThreads = 256;        // the multi-CTA kernels
+static_assert(kMaxTotalExperts == kSmallThreads, "the scan gives each thread one expert");
+static_assert(kSmallRouteTokens % (kSmallThreads / 32) == 0);
 
-// Keeps the better of (score, idx) and (os, oi) under ranks_before, across the whole warp.
-__device__ __forceinline__ void warp_best(float& score, int& idx) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float os = __shfl_xor_sync(0xffffffffu, score, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
-    if (ranks_before(os, oi, score, idx)) {
-      score = os;
-      idx = oi;
-    }
+// Order-preserving key of (score, id): larger key = ranks first (detail::ranks_before).
+__device__ __forceinline__ unsigned long long rank_key(float score, int id) {
+  std::uint32_t hi = 0;  // NaN: below every number
+  if (score == score) {
+    const std::uint32_t u = score == 0.0f ? 0u : __float_as_uint(score);  // -0 ranks as +0
+    hi = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   }
+  return (static_cast<unsigned long long>(hi) << 32) | (0xffffffffu - static_cast<std::uint32_t>(id));
+}
+// The score a key was made from (-0 comes back as +0; NaN as NaN).
+__device__ __forceinline__ float key_score(unsigned long long key) {
+  const std::uint32_t hi = static_cast<std::uint32_t>(key >> 32);
+  if (hi == 0) return __int_as_float(0x7fc00000);
+  return __uint_as_float((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
+}
+__device__ __forceinline__ int key_id(unsigned long long key) {
+  return static_cast<int>(0xffffffffu - static_cast<std::uint32_t>(key));
 }
 
-__device__ __forceinline__ float nan_f() { return __int_as_float(0x7fc00000); }
+// The largest key over the warp.
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
+  const std::uint32_t hi = static_cast<std::uint32_t>(key >> 32);
+  const std::uint32_t max_hi = __reduce_max_sync(0xffffffffu, hi);
+  const std::uint32_t lo = hi == max_hi ? static_cast<std::uint32_t>(key) : 0u;
+  const std::uint32_t max_lo = __reduce_max_sync(0xffffffffu, lo);
+  return (static_cast<unsigned long long>(max_hi) << 32) | max_lo;
+}
 
-// Routes token t with one warp. scratch: 2 * kMaxRoutedExperts floats owned by this warp.
-// Returns the pick of rank `lane` in every lane < k (INT_MAX elsewhere).
-__device__ int route_token(const RouteArgs& a, int t, float* scratch, int lane) {
+// Routes token t with one warp; PER = experts per lane (expert e = lane + 32 i). Writes the
+// picks and weights of token t and returns the pick of rank `lane` in lanes < k (else -1).
+template <int PER>
+__device__ int route_token(const RouteArgs& a, int t, int lane) {
   const int E = a.experts;
   const float* logits = a.logits + static_cast<std::int64_t>(t) * E;
-  float* sel = scratch;                      // selection score of each expert
-  float* val = scratch + kMaxRoutedExperts;  // sigmoid (sigmoid router) or exp (softmax)
   const bool sigmoid = a.router == RouterId::kSigmoidGroupTopK;
-
-  for (int e = lane; e < E; e += 32) {
-    const float l = logits[e];
-    if (sigmoid) {
-      const float s = portable_sigmoid(l);
-      val[e] = s;
-      sel[e] = pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f);
-    } else {
-      sel[e] = l;  // softmax is monotonic: rank by logits (no ties made by rounding)
+  // Only the keys stay in registers; a pick's value (sigmoid or logit) is recomputed from its
+  // logit afterwards, which keeps PER = 16 (E <= 512) within the 1024-thread CTA's registers.
+  unsigned long long key[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = 0;
+    if (e < E) {
+      const float l = logits[e];
+      if (sigmoid) {
+        const float s = portable_sigmoid(l);
+        key[i] = rank_key(pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f), e);
+      } else {
+        key[i] = rank_key(l, e);  // softmax is monotonic: rank by logits (no ties made by rounding)
+      }
     }
   }
-  __syncwarp();
 
-  std::uint32_t taken = 0;  // bit i: expert lane + 32 i is excluded or already picked
   if (sigmoid && a.n_group > 1) {
+    // Group score = best + second selection score of each group of E / n_group experts, by
+    // two warp-wide maxima per group; lane g keeps group g's key.
     const int gsize = E / a.n_group;
-    float gscore = nan_f();
-    int gidx = INT_MAX;
-    if (lane < a.n_group) {
-      float b1 = 0.0f, b2 = 0.0f;
-      int i1 = -1, i2 = -1;
-      for (int m = 0; m < gsize; ++m) {
-        const int e = lane * gsize + m;
-        const float c = sel[e];
-        if (i1 < 0 || ranks_before(c, e, b1, i1)) {
-          b2 = b1;
-          i2 = i1;
-          b1 = c;
-          i1 = e;
-        } else if (i2 < 0 || ranks_before(c, e, b2, i2)) {
-          b2 = c;
-          i2 = e;
+    unsigned long long gkey = 0;
+    for (int grp = 0; grp < a.n_group; ++grp) {
+      unsigned long long k1 = 0, k2 = 0;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E && e / gsize == grp) {
+          if (key[i] > k1) {
+            k2 = k1;
+            k1 = key[i];
+          } else if (key[i] > k2) {
+            k2 = key[i];
+          }
         }
       }
-      gscore = gsize >= 2 ? pm_add(b1, b2) : b1;
-      gidx = lane;
+      const unsigned long long best = warp_max_key(k1);
+      const unsigned long long second = warp_max_key(k1 == best ? k2 : k1);
+      const float score = gsize >= 2 ? pm_add(key_score(best), key_score(second)) : key_score(best);
+      if (lane == grp) gkey = rank_key(score, grp);
     }
     std::uint32_t kept = 0;
     for (int r = 0; r < a.topk_group; ++r) {
-      const bool mine_kept = lane < 32 && ((kept >> lane) & 1u);
-      float s = mine_kept ? nan_f() : gscore;
-      int i = mine_kept ? INT_MAX : gidx;
-      warp_best(s, i);
-      kept |= 1u << i;
+      const unsigned long long best = warp_max_key(((kept >> lane) & 1u) ? 0ull : gkey);
+      kept |= 1u << key_id(best);
     }
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E && !((kept >> (e / gsize)) & 1u)) taken |= 1u << i;
-    }
-  }
-
-  int my_pick = INT_MAX;
-  for (int r = 0; r < a.top_k; ++r) {
-    float bs = nan_f();
-    int bi = INT_MAX;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < PER; ++i) {
       const int e = lane + 32 * i;
-      if (e < E && !((taken >> i) & 1u) && ranks_before(sel[e], e, bs, bi)) {
-        bs = sel[e];
-        bi = e;
-      }
+      if (e < E && !((kept >> (e / gsize)) & 1u)) key[i] = 0;
     }
-    warp_best(bs, bi);
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    if (lane == r) my_pick = bi;
   }
 
-  // Weights, by lane 0, in the reference's operation order.
-  int* picks = reinterpret_cast<int*>(sel);  // the selection scores are no longer needed
-  const float pick0_logit = __shfl_sync(0xffffffffu, my_pick, 0) < E ? logits[__shfl_sync(0xffffffffu, my_pick, 0)] : 0.0f;
-  __syncwarp();
-  if (lane < a.top_k) picks[lane] = my_pick;
-  if (a.router == RouterId::kSoftmaxTopK) {
-    for (int e = lane; e < E; e += 32) val[e] = portable_exp(pm_add(logits[e], -pick0_logit));
-  }
-  __syncwarp();
-  if (lane == 0) {
-    const int k = a.top_k;
-    float* w = a.topk_weights + static_cast<std::int64_t>(t) * k;
-    if (a.router == RouterId::kSigmoidGroupTopK) {
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum = pm_add(sum, val[picks[j]]);
-      const float denom = pm_add(sum, 1e-20f);
-      for (int j = 0; j < k; ++j) {
-        float wj = val[picks[j]];
-        if (a.renormalize) wj = pm_div(wj, denom);
-        w[j] = pm_mul(wj, a.scaling);
+  // The lane's best key, kept current as picks are taken.
+  unsigned long long lk = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) lk = key[i] > lk ? key[i] : lk;
+  int my_pick = -1;
+  std::uint32_t taken = 0;
+  for (int r = 0; r < a.top_k; ++r) {
+    const unsigned long long best = warp_max_key(lk);
+    const int id = key_id(best);
+    if (lane == r) my_pick = id;
+    if ((id & 31) == lane) {
+      // A taken mask, not a store into key[]: an indexed store would move key[] to local memory.
+      taken |= 1u << (id >> 5);
+      lk = 0;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        if (!((taken >> i) & 1u) && key[i] > lk) lk = key[i];
       }
-    } else if (a.router == RouterId::kSoftmaxTopK) {
-      float sum = 0.0f;
-      for (int e = 0; e < E; ++e) sum = pm_add(sum, val[e]);
-      float psum = 0.0f;
-      for (int j = 0; j < k; ++j) psum = pm_add(psum, pm_div(val[picks[j]], sum));
-      for (int j = 0; j < k; ++j) {
-        const float p = pm_div(val[picks[j]], sum);
-        w[j] = a.renormalize ? pm_div(p, psum) : p;
-      }
-    } else {  // top-k, then softmax over the k
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) sum = pm_add(sum, portable_exp(pm_add(logits[picks[j]], -pick0_logit)));
-      for (int j = 0; j < k; ++j) w[j] = pm_div(portable_exp(pm_add(logits[picks[j]], -pick0_logit)), sum);
     }
   }
-  if (lane < a.top_k) a.topk_ids[static_cast<std::int64_t>(t) * a.top_k + lane] = my_pick;
-  __syncwarp();
-  return my_pick;
+  // The pick's value: sigmoid router s, otherwise the logit.
+  const float pick_logit = my_pick >= 0 ? logits[my_pick] : 0.0f;
+  const float my_val = sigmoid ? portable_sigmoid(pick_logit) : pick_logit;
+
+  // Weights, in the reference's operation order where it is cheap to keep (see docs/NUMERICS.md).
+  const int k = a.top_k;
+  float w = 0.0f;
+  if (a.router == RouterId::kSigmoidGroupTopK) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum = pm_add(sum, __shfl_sync(0xffffffffu, my_val, j));
+    w = my_val;
+    if (a.renormalize) w = pm_div(w, pm_add(sum, 1e-20f));
+    w = pm_mul(w, a.scaling);
+  } else if (a.router == RouterId::kSoftmaxTopK) {
+    // Softmax over all E (the max is pick 0's logit); the sum is a tree over the warp, so the
+    // weights agree with the reference's index-order sum to rounding (ids are exact).
+    const float m = __shfl_sync(0xffffffffu, my_val, 0);
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (lane + 32 * i < E) part = pm_add(part, portable_exp(pm_add(logits[lane + 32 * i], -m)));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) part = pm_add(part, __shfl_xor_sync(0xffffffffu, part, off));
+    const float p = pm_div(portable_exp(pm_add(my_val, -m)), part);
+    float psum = 0.0f;
+    for (int j = 0; j < k; ++j) psum = pm_add(psum, __shfl_sync(0xffffffffu, p, j));
+    w = a.renormalize ? pm_div(p, psum) : p;
+  } else {  // top-k, then softmax over the k
+    const float m = __shfl_sync(0xffffffffu, my_val, 0);
+    const float ex = portable_exp(pm_add(my_val, -m));
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum = pm_add(sum, __shfl_sync(0xffffffffu, ex, j));
+    w = pm_div(ex, sum);
+  }
+  if (lane < k) {
+    a.topk_ids[static_cast<std::int64_t>(t) * k + lane] = my_pick;
+    a.topk_weights[static_cast<std::int64_t>(t) * k + lane] = w;
+  }
+  return lane < k ? my_pick : -1;
 }
 
-using BlockScan = cub::BlockScan<int, kThreads>;
+template <int THREADS>
+using BlockScan = cub::BlockScan<int, THREADS>;
 
-// Offsets, active list and per-GEMM token-block prefixes from `counts` (n experts, in smem or
-// global). Runs in one CTA of kThreads threads; writes the results to global memory and the
-// offsets also to `offsets_smem` when given.
-__device__ void scan_experts(const int* counts, int n, const GroupArgs& g, BlockScan::TempStorage& temp,
-                             int* offsets_smem) {
-  const int tid = threadIdx.x;
-  int cnt[kScanItems], flag[kScanItems], tb0[kScanItems], tb1[kScanItems];
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = tid * kScanItems + i;
-    cnt[i] = e < n ? counts[e] : 0;
-    flag[i] = cnt[i] > 0 ? 1 : 0;
-    tb0[i] = (cnt[i] + g.tb_tokens[0] - 1) / g.tb_tokens[0];
-    tb1[i] = (cnt[i] + g.tb_tokens[1] - 1) / g.tb_tokens[1];
-  }
-  int off[kScanItems], pos[kScanItems], p0[kScanItems], p1[kScanItems];
+// Offsets, active list and per-GEMM token-block prefixes from `counts` (n experts). One CTA of
+// kSmallThreads threads, one expert each; writes the results to global memory and the offsets
+// also to `offsets_smem` when given.
+__device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
+                             typename BlockScan<kSmallThreads>::TempStorage& temp, int* offsets_smem) {
+  const int e = threadIdx.x;
+  const int cnt = e < n ? counts[e] : 0;
+  const int flag = cnt > 0 ? 1 : 0;
+  const int tb0 = (cnt + g.tb_tokens[0] - 1) / g.tb_tokens[0];
+  const int tb1 = (cnt + g.tb_tokens[1] - 1) / g.tb_tokens[1];
+  int off = 0, pos = 0, p0 = 0, p1 = 0;
   int total = 0, n_active = 0, total0 = 0, total1 = 0;
-  BlockScan(temp).ExclusiveSum(cnt, off, total);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(cnt, off, total);
   __syncthreads();
-  BlockScan(temp).ExclusiveSum(flag, pos, n_active);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(flag, pos, n_active);
   __syncthreads();
-  BlockScan(temp).ExclusiveSum(tb0, p0, total0);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb0, p0, total0);
   __syncthreads();
-  BlockScan(temp).ExclusiveSum(tb1, p1, total1);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb1, p1, total1);
   __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = tid * kScanItems + i;
-    if (e < n) {
-      g.offsets[e] = off[i];
-      g.cursors[e] = 0;
-      if (offsets_smem != nullptr) offsets_smem[e] = off[i];
-      if (flag[i]) {
-        g.active[pos[i]] = e;
-        g.tb_prefix[0][pos[i]] = p0[i];
-        g.tb_prefix[1][pos[i]] = p1[i];
-      }
+  if (e < n) {
+    g.offsets[e] = off;
+    g.cursors[e] = 0;
+    if (offsets_smem != nullptr) offsets_smem[e] = off;
+    if (flag) {
+      g.active[pos] = e;
+      g.tb_prefix[0][pos] = p0;
+      g.tb_prefix[1][pos] = p1;
     }
   }
-  if (tid == 0) {
+  if (e == 0) {
     g.offsets[n] = total;
     if (offsets_smem != nullptr) offsets_smem[n] = total;
     *g.n_active = n_active;
@@ -240,24 +251,25 @@ __device__ __forceinline__ void scatter_shared(const GroupArgs& g, int idx, cons
   g.pair_slot[static_cast<std::int64_t>(t) * (g.top_k + g.shared_pieces) + g.top_k + p] = slot;
 }
 
-__global__ void __launch_bounds__(kThreads) route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
-  __shared__ float scratch[kWarps][2 * kMaxRoutedExperts];
+template <int PER>
+__global__ void __launch_bounds__(kSmallThreads) route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
+  constexpr int kWarps = kSmallThreads / 32;
   __shared__ int counts[kMaxTotalExperts];
   __shared__ int offsets[kMaxTotalExperts + 1];
-  __shared__ BlockScan::TempStorage temp;
+  __shared__ typename BlockScan<kSmallThreads>::TempStorage temp;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int n = ga.experts + ga.shared_pieces;
 
-  for (int e = threadIdx.x; e < n; e += kThreads) counts[e] = e < ga.experts ? 0 : ga.tokens;
+  if (threadIdx.x < n) counts[threadIdx.x] = threadIdx.x < ga.experts ? 0 : ga.tokens;
   __syncthreads();
   if (ra.logits != nullptr) {
     for (int t = warp; t < ra.tokens; t += kWarps) {
-      const int pick = route_token(ra, t, scratch[warp], lane);
-      if (lane < ra.top_k) atomicAdd(&counts[pick], 1);
+      const int pick = route_token<PER>(ra, t, lane);
+      if (pick >= 0) atomicAdd(&counts[pick], 1);
     }
   } else {  // routed by the caller: count the given ids
-    for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads) {
       const int e = ga.topk_ids[idx];
       if (valid_expert(ga, e)) atomicAdd(&counts[e], 1);
     }
@@ -265,21 +277,21 @@ __global__ void __launch_bounds__(kThreads) route_group_small_kernel(const Route
   __syncthreads();
   scan_experts(counts, n, ga, temp, offsets);
   __syncthreads();
-  // Reuse counts as the cursors.
-  for (int e = threadIdx.x; e < n; e += kThreads) counts[e] = 0;
+  if (threadIdx.x < n) counts[threadIdx.x] = 0;  // reused as the cursors
   __syncthreads();
-  for (int idx = threadIdx.x; idx < ra.tokens * ra.top_k; idx += kThreads) scatter_pair(ga, idx, offsets, counts);
-  for (int idx = threadIdx.x; idx < ra.tokens * ga.shared_pieces; idx += kThreads) scatter_shared(ga, idx, offsets);
+  for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads) scatter_pair(ga, idx, offsets, counts);
+  for (int idx = threadIdx.x; idx < ga.tokens * ga.shared_pieces; idx += kSmallThreads) scatter_shared(ga, idx, offsets);
 }
 
+template <int PER>
 __global__ void __launch_bounds__(kThreads) route_count_kernel(const RouteArgs ra, const GroupArgs ga) {
-  __shared__ float scratch[kWarps][2 * kMaxRoutedExperts];
+  constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kWarps + warp;
   if (t >= ra.tokens) return;
-  const int pick = route_token(ra, t, scratch[warp], lane);
-  if (lane < ra.top_k) atomicAdd(&ga.counts[pick], 1);
+  const int pick = route_token<PER>(ra, t, lane);
+  if (pick >= 0) atomicAdd(&ga.counts[pick], 1);
 }
 
 __global__ void __launch_bounds__(kThreads) group_count_kernel(const GroupArgs ga) {
@@ -289,11 +301,11 @@ __global__ void __launch_bounds__(kThreads) group_count_kernel(const GroupArgs g
   if (valid_expert(ga, e)) atomicAdd(&ga.counts[e], 1);
 }
 
-__global__ void __launch_bounds__(kThreads) group_scan_kernel(const GroupArgs ga) {
+__global__ void __launch_bounds__(kSmallThreads) group_scan_kernel(const GroupArgs ga) {
   __shared__ int counts[kMaxTotalExperts];
-  __shared__ BlockScan::TempStorage temp;
+  __shared__ typename BlockScan<kSmallThreads>::TempStorage temp;
   const int n = ga.experts + ga.shared_pieces;
-  for (int e = threadIdx.x; e < n; e += kThreads) counts[e] = e < ga.experts ? ga.counts[e] : ga.tokens;
+  if (threadIdx.x < n) counts[threadIdx.x] = threadIdx.x < ga.experts ? ga.counts[threadIdx.x] : ga.tokens;
   __syncthreads();
   scan_experts(counts, n, ga, temp, nullptr);
 }
@@ -311,12 +323,24 @@ __global__ void __launch_bounds__(kThreads) group_scatter_kernel(const GroupArgs
 }  // namespace
 
 cudaError_t launch_route_group_small(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream) {
-  route_group_small_kernel<<<1, kThreads, 0, stream>>>(route, group);
+  if (route.experts > kSmallRouteExperts) return cudaErrorInvalidValue;
+  if (route.experts <= 128) {
+    route_group_small_kernel<4><<<1, kSmallThreads, 0, stream>>>(route, group);
+  } else {
+    route_group_small_kernel<8><<<1, kSmallThreads, 0, stream>>>(route, group);
+  }
   return cudaGetLastError();
 }
 
 cudaError_t launch_route_count(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream) {
-  route_count_kernel<<<(route.tokens + kWarps - 1) / kWarps, kThreads, 0, stream>>>(route, group);
+  const unsigned blocks = static_cast<unsigned>((route.tokens + kThreads / 32 - 1) / (kThreads / 32));
+  if (route.experts <= 128) {
+    route_count_kernel<4><<<blocks, kThreads, 0, stream>>>(route, group);
+  } else if (route.experts <= 256) {
+    route_count_kernel<8><<<blocks, kThreads, 0, stream>>>(route, group);
+  } else {
+    route_count_kernel<16><<<blocks, kThreads, 0, stream>>>(route, group);
+  }
   return cudaGetLastError();
 }
 
@@ -327,7 +351,7 @@ cudaError_t launch_group_count(const GroupArgs& group, cudaStream_t stream) {
 }
 
 cudaError_t launch_group_scan(const GroupArgs& group, cudaStream_t stream) {
-  group_scan_kernel<<<1, kThreads, 0, stream>>>(group);
+  group_scan_kernel<<<1, kSmallThreads, 0, stream>>>(group);
   return cudaGetLastError();
 }
 

@@ -54,18 +54,18 @@ struct ItemView {
   bool avalid[NT];
 };
 
+// The view of work item `item`. `cursor` is the active-expert index of the caller's previous
+// item: a warp's items only grow, so the expert is found by walking forward from it (a binary
+// search per item cost more than the chunk loop at decode sizes).
 template <int MT, int NT>
 __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active, int g,
-                                                  int t) {
+                                                  int t, int& cursor) {
   ItemView<NT> v;
   const int pb = static_cast<int>(item / p.row_blocks);
   const int rb = static_cast<int>(item % p.row_blocks);
   // Active expert a with tb_prefix[a] <= pb < tb_prefix[a + 1].
-  int lo = 0, hi = n_active - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tb_prefix[mid] <= pb) lo = mid; else hi = mid - 1;
-  }
+  while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+  const int lo = cursor;
   v.expert = p.active[lo];
   v.slot0 = p.offsets[v.expert] + (pb - p.tb_prefix[lo]) * 8 * NT;
   v.m_count = min(8 * NT, p.offsets[v.expert + 1] - v.slot0);
@@ -131,8 +131,10 @@ __global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArg
   int ld_chunk = kb;
   int ld_slot = 0;
   ItemView<NT> ld{};
+  int ld_cursor = 0;
+  int cur_cursor = 0;
   const bool has_chunks = ke > kb;
-  if (has_chunks && ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t);
+  if (has_chunks && ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
   auto issue = [&]() {
     if (has_chunks && ld_item < total_items) {
       const std::uint32_t st = ring + ld_slot * stage_bytes;
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArg
       if (++ld_chunk == ke) {
         ld_chunk = kb;
         ld_item += item_stride;
-        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t);
+        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
       }
     }
     cp_async_commit();
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArg
 
   int slot = 0;
   for (std::int64_t item = first_item; item < total_items; item += item_stride) {
-    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, g, t);
+    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, g, t, cur_cursor);
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)

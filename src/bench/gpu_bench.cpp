@@ -333,7 +333,7 @@ class Bf16Layer {
   }
 
   void route(const kernels::RouteArgs& ra, const kernels::GroupArgs& ga, int T, cudaStream_t s) {
-    if (T <= kernels::kSmallRouteTokens) {
+    if (T <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
       FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, s));
     } else {
       FP4MOE_CUDA_CHECK(cudaMemsetAsync(ga.counts, 0, static_cast<std::size_t>(ne_) * 4, s));

@@ -35,10 +35,20 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   const std::int64_t k = which == Gemm::kGateUp ? desc.hidden : desc.intermediate;
   const std::int64_t tiles = kernels::WeightLayout::groups(rows) * kernels::WeightLayout::kTilesPerGroup;
   const std::int64_t chunks = kernels::WeightLayout::chunks(k);
+  // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
+  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue).
   const double items = active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
   const double resident_warps = static_cast<double>(limits.sm_count) * 16.0;
   int k_split = 1;
-  while (k_split < 8 && items * k_split < resident_warps && 2 * k_split <= chunks) k_split *= 2;
+  double best = 0.0;
+  for (int ks = 1; ks <= 8 && ks <= chunks; ks *= 2) {
+    const double rounds = std::ceil(items * ks / resident_warps);
+    const double cost = rounds * (std::ceil(static_cast<double>(chunks) / ks) + 4.0);
+    if (ks == 1 || cost < best) {
+      best = cost;
+      k_split = ks;
+    }
+  }
 
   // Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory allows.
   StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};

@@ -347,7 +347,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   ga.slot_token = slot_token;
   ga.pair_slot = pair_slot;
 
-  if (T <= kernels::kSmallRouteTokens) {
+  if (T <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
     FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, stream));
   } else {
     FP4MOE_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(experts_total) * 4, stream));
@@ -444,7 +444,7 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const StreamGemmConfig c1 = m.config(tokens, gpu::Gemm::kGateUp);
   const StreamGemmConfig c2 = m.config(tokens, gpu::Gemm::kDown);
   return fmt::format("T={}: {}; gate/up GEMM: {}, grid {}; down GEMM: {}, grid {}; finalize", tokens,
-                     tokens <= kernels::kSmallRouteTokens ? "route+group (1 CTA)" : "route, scan, scatter",
+                     tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts ? "route+group (1 CTA)" : "route, scan, scatter",
                      gpu::to_string(c1), m.grid(c1, m.epilogue(gpu::Gemm::kGateUp)), gpu::to_string(c2),
                      m.grid(c2, m.epilogue(gpu::Gemm::kDown)));
 }
