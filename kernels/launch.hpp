@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/stream_gemm_layout.hpp"
+#include "kernels/tile_gemm_layout.hpp"
 
 namespace fp4moe::kernels {
 
@@ -110,6 +111,13 @@ struct KernelAttributes {
 cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
                                int grid, bool pdl, cudaStream_t stream);
+
+// The tiled (prefill) GEMM: same arguments; row_blocks counts row blocks of
+// TileGemmLayout::rows(config) rows and tb_prefix token blocks of TileGemmLayout::tokens(config).
+inline constexpr int kTileShapes[][2] = {{2, 8}, {2, 4}};
+cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
+cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
+                             int grid, bool pdl, cudaStream_t stream);
 
 struct FinalizeArgs {
   const float* y = nullptr;  // [slots, hidden] fp32

@@ -336,8 +336,15 @@ cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epi
   if (fn == nullptr || !StreamGemmLayout::valid(config)) {
     return cudaErrorInvalidValue;
   }
+  // The kernel function is shared by every (stages, warps, k_split) of its tile shape: allow it
+  // the device's whole opt-in shared memory once, so that no config lowers another's limit.
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
   const int smem = static_cast<int>(StreamGemmLayout::cta_bytes(config));
-  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (smem > optin) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err != cudaSuccess) return err;
   cudaFuncAttributes fa{};
   err = cudaFuncGetAttributes(&fa, fn);

@@ -25,15 +25,24 @@ namespace fp4moe {
 
 using Stream = CUstream_st*;  // the same type as cudaStream_t
 
-// The decode kernel's configuration (see kernels/stream_gemm_layout.hpp): 16*m_tiles weight
-// rows x 8*n_tiles tokens per work item, K of an item split over k_split warps, a `stages`-deep
-// per-warp pipeline, `warps` per CTA.
-struct StreamGemmChoice {
+// The two expert-GEMM kernels and their configurations:
+//   kStream (decode, kernels/stream_gemm_layout.hpp): one warp (or k_split warps) per item of
+//     16*m_tiles weight rows x 8*n_tiles tokens, each warp with a `stages`-deep private ring;
+//   kTile (prefill, kernels/tile_gemm_layout.hpp): one CTA of `warps` warps per item of
+//     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory.
+enum class GemmKernel : std::uint8_t { kStream, kTile };
+
+struct GemmChoice {
+  GemmKernel kernel = GemmKernel::kStream;
   int m_tiles = 4;
   int n_tiles = 1;
   int stages = 3;
   int warps = 8;
-  int k_split = 1;
+  int k_split = 1;  // kStream only
+
+  int token_block() const { return 8 * n_tiles; }
+  int rows_per_item() const { return kernel == GemmKernel::kTile ? warps * m_tiles * 16 : m_tiles * 16; }
+  std::string to_string() const;
 };
 
 struct MoeLayerOptions {
@@ -41,8 +50,8 @@ struct MoeLayerOptions {
   int device = -1;                 // CUDA device; -1: the current one
   bool programmatic_launch = true; // overlap kernel launches with PDL on sm_90+
   // Force a kernel configuration for every forward (tests, tuning); unset: the planner decides.
-  std::optional<StreamGemmChoice> gemm1;
-  std::optional<StreamGemmChoice> gemm2;
+  std::optional<GemmChoice> gemm1;
+  std::optional<GemmChoice> gemm2;
 };
 
 // Where forward() also writes its routing decision (device pointers, [T, k]); optional.

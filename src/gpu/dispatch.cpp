@@ -62,6 +62,50 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   return c;
 }
 
+GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits) {
+  const double active = expected_active_experts(desc, tokens);
+  const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
+  GemmChoice c;
+  if (per_expert <= 24.0) {
+    const StreamGemmConfig s = choose_stream_config(desc, tokens, which, limits);
+    c.kernel = GemmKernel::kStream;
+    c.m_tiles = s.m_tiles;
+    c.n_tiles = s.n_tiles;
+    c.stages = s.stages;
+    c.warps = s.warps;
+    c.k_split = s.k_split;
+    return c;
+  }
+  // 256 rows x 64 tokens per CTA (32 tokens when experts see fewer than 48), as deep a
+  // pipeline as one CTA per SM allows, at most 6 stages.
+  c.kernel = GemmKernel::kTile;
+  c.m_tiles = 2;
+  c.n_tiles = per_expert >= 48.0 ? 8 : 4;
+  c.warps = 8;
+  c.k_split = 1;
+  c.stages = 2;
+  while (c.stages < 6) {
+    GemmChoice next = c;
+    ++next.stages;
+    if (kernels::TileGemmLayout::cta_bytes(tile_config(next)) > limits.smem_per_block_optin) break;
+    c = next;
+  }
+  return c;
+}
+
+StreamGemmConfig stream_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}; }
+kernels::TileGemmConfig tile_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.warps, c.stages}; }
+
+std::int64_t smem_bytes(const GemmChoice& c) {
+  return c.kernel == GemmKernel::kTile ? kernels::TileGemmLayout::cta_bytes(tile_config(c))
+                                       : StreamGemmLayout::cta_bytes(stream_config(c));
+}
+
+bool valid(const GemmChoice& c) {
+  return c.kernel == GemmKernel::kTile ? kernels::TileGemmLayout::valid(tile_config(c)) && c.k_split == 1
+                                       : StreamGemmLayout::valid(stream_config(c));
+}
+
 std::string to_string(const StreamGemmConfig& c) {
   return fmt::format("stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
                      "{} B smem", c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages,
@@ -69,3 +113,13 @@ std::string to_string(const StreamGemmConfig& c) {
 }
 
 }  // namespace fp4moe::gpu
+
+namespace fp4moe {
+
+std::string GemmChoice::to_string() const {
+  if (kernel == GemmKernel::kStream) return gpu::to_string(gpu::stream_config(*this));
+  return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles, n_tiles,
+                     rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));
+}
+
+}  // namespace fp4moe

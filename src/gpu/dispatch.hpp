@@ -6,7 +6,9 @@
 #include <string>
 
 #include "fp4moe/layer.hpp"
+#include "fp4moe/moe_layer.hpp"
 #include "kernels/stream_gemm_layout.hpp"
+#include "kernels/tile_gemm_layout.hpp"
 
 namespace fp4moe::gpu {
 
@@ -25,6 +27,16 @@ double expected_active_experts(const LayerDesc& desc, std::int64_t tokens);
 // The stream GEMM configuration for GEMM `which` at T tokens on a device with these limits.
 kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                                const DeviceLimits& limits);
+
+// The kernel and configuration for GEMM `which` at T tokens: the stream kernel while an expert
+// sees few tokens (weight bytes dominate), the tiled kernel once each decoded weight can be
+// reused for 32 or more tokens.
+GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits);
+
+kernels::StreamGemmConfig stream_config(const GemmChoice& c);
+kernels::TileGemmConfig tile_config(const GemmChoice& c);
+std::int64_t smem_bytes(const GemmChoice& c);
+bool valid(const GemmChoice& c);
 
 std::string to_string(const kernels::StreamGemmConfig& c);
 

@@ -28,7 +28,6 @@ namespace fp4moe {
 
 namespace {
 
-using kernels::StreamGemmConfig;
 using kernels::WeightLayout;
 
 // Owns one device allocation.
@@ -109,12 +108,12 @@ struct MoeLayer::Impl {
   float* y = nullptr;
 
   mutable std::mutex mu;
-  mutable std::map<std::tuple<int, int, int, int, int, int>, int> grid_cache;
+  mutable std::map<std::tuple<int, int, int, int, int, int, int>, int> grid_cache;
 
-  StreamGemmConfig config(std::int64_t tokens, gpu::Gemm which) const {
+  GemmChoice config(std::int64_t tokens, gpu::Gemm which) const {
     const auto& forced = which == gpu::Gemm::kGateUp ? options.gemm1 : options.gemm2;
-    if (forced) return {forced->m_tiles, forced->n_tiles, forced->stages, forced->warps, forced->k_split};
-    return gpu::choose_stream_config(desc, tokens, which, limits);
+    if (forced) return *forced;
+    return gpu::choose_gemm(desc, tokens, which, limits);
   }
 
   kernels::StreamEpilogue epilogue(gpu::Gemm which) const {
@@ -124,28 +123,52 @@ struct MoeLayer::Impl {
   }
 
   // Persistent grid: every SM filled with as many CTAs as fit (the occupancy of this config).
-  int grid(const StreamGemmConfig& c, kernels::StreamEpilogue epi) const {
-    const auto key = std::make_tuple(c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split, static_cast<int>(epi));
+  int grid(const GemmChoice& c, kernels::StreamEpilogue epi) const {
+    const auto key = std::make_tuple(static_cast<int>(c.kernel), c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split,
+                                     static_cast<int>(epi));
     std::lock_guard<std::mutex> lock(mu);
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
-    if (!kernels::StreamGemmLayout::valid(c)) {
-      fail(Errc::kInvalidArgument, "stream GEMM config {} is not a valid shape (stages 2..16, warps 1..8, k_split 1, 2, "
-           "4 or 8 dividing warps)", gpu::to_string(c));
+    if (!gpu::valid(c)) {
+      fail(Errc::kInvalidArgument, "GEMM config {} is not a valid shape (stream: stages 2..16, warps 1..8, k_split 1, "
+           "2, 4 or 8 dividing warps; tile: stages 2..8, warps * m_tiles a multiple of 4, k_split 1)", c.to_string());
     }
-    if (kernels::StreamGemmLayout::cta_bytes(c) > limits.smem_per_block_optin) {
-      fail(Errc::kDoesNotFit, "stream GEMM config {} needs {} B of shared memory per block; this GPU allows {} B",
-           gpu::to_string(c), kernels::StreamGemmLayout::cta_bytes(c), limits.smem_per_block_optin);
+    if (gpu::smem_bytes(c) > limits.smem_per_block_optin) {
+      fail(Errc::kDoesNotFit, "GEMM config {} needs {} B of shared memory per block; this GPU allows {} B",
+           c.to_string(), gpu::smem_bytes(c), limits.smem_per_block_optin);
     }
     kernels::KernelAttributes attr;
-    FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup(c, epi, &attr));
+    const cudaError_t err = c.kernel == GemmKernel::kTile ? kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr)
+                                                          : kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr);
+    if (err == cudaErrorInvalidValue) {
+      fail(Errc::kUnsupported, "GEMM config {} is not compiled into this build (tile shapes m x n: stream 1x1 2x1 4x1 "
+           "1x2 2x2 4x2 1x4 2x4; tile 2x8 2x4)", c.to_string());
+    }
+    FP4MOE_CUDA_CHECK(err);
     if (attr.max_blocks_per_sm < 1) {
-      fail(Errc::kDoesNotFit, "stream GEMM config {} cannot be resident on this GPU ({} registers per thread)",
-           gpu::to_string(c), attr.registers);
+      fail(Errc::kDoesNotFit, "GEMM config {} cannot be resident on this GPU ({} registers per thread)", c.to_string(),
+           attr.registers);
     }
     const int g = attr.max_blocks_per_sm * limits.sm_count;
     grid_cache.emplace(key, g);
     return g;
+  }
+
+  // Row blocks per expert of a GEMM with `rows` rows under config c.
+  static int row_blocks(const GemmChoice& c, std::int64_t rows) {
+    const std::int64_t tiles = WeightLayout::groups(rows) * WeightLayout::kTilesPerGroup;
+    const std::int64_t per_item = c.rows_per_item() / 16;
+    return static_cast<int>((tiles + per_item - 1) / per_item);
+  }
+
+  void launch(const kernels::StreamGemmArgs& args, const GemmChoice& c, kernels::StreamEpilogue epi, bool pdl,
+              Stream stream) const {
+    const int g = grid(c, epi);
+    if (c.kernel == GemmKernel::kTile) {
+      FP4MOE_CUDA_CHECK(kernels::launch_tile_gemm(args, gpu::tile_config(c), epi, g, pdl, stream));
+    } else {
+      FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
+    }
   }
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
@@ -306,12 +329,10 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const int T = static_cast<int>(tokens);
   const bool pdl = options.programmatic_launch && sm >= 90;
 
-  const StreamGemmConfig c1 = config(tokens, gpu::Gemm::kGateUp);
-  const StreamGemmConfig c2 = config(tokens, gpu::Gemm::kDown);
+  const GemmChoice c1 = config(tokens, gpu::Gemm::kGateUp);
+  const GemmChoice c2 = config(tokens, gpu::Gemm::kDown);
   const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
   const kernels::StreamEpilogue e2 = epilogue(gpu::Gemm::kDown);
-  const int grid1 = grid(c1, e1);
-  const int grid2 = grid(c2, e2);
 
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -335,8 +356,8 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   ga.top_k = ra.top_k;
   ga.experts = ra.experts;
   ga.shared_pieces = pieces;
-  ga.tb_tokens[0] = 8 * c1.n_tiles;
-  ga.tb_tokens[1] = 8 * c2.n_tiles;
+  ga.tb_tokens[0] = c1.token_block();
+  ga.tb_tokens[1] = c2.token_block();
   ga.counts = counts;
   ga.cursors = cursors;
   ga.offsets = offsets;
@@ -367,7 +388,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g1.n_chunks = static_cast<int>(WeightLayout::chunks(H));
   g1.k = static_cast<int>(H);
   g1.rows = static_cast<int>(2 * I);
-  g1.row_blocks = static_cast<int>(WeightLayout::groups(2 * I) * WeightLayout::kTilesPerGroup / c1.m_tiles);
+  g1.row_blocks = row_blocks(c1, 2 * I);
   g1.post_scale = ps1.as<float>();
   g1.bias = bias1.as<float>();
   g1.act = reinterpret_cast<const std::uint16_t*>(x);
@@ -381,7 +402,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g1.out_ld = I;
   g1.swiglu_alpha = d.swiglu_alpha;
   g1.swiglu_limit = d.swiglu_limit;
-  FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(g1, c1, e1, grid1, pdl, stream));
+  launch(g1, c1, e1, pdl, stream);
 
   kernels::StreamGemmArgs g2 = g1;
   g2.weights = w2.as<std::uint8_t>();
@@ -389,7 +410,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g2.n_chunks = static_cast<int>(WeightLayout::chunks(I));
   g2.k = static_cast<int>(I);
   g2.rows = static_cast<int>(H);
-  g2.row_blocks = static_cast<int>(WeightLayout::groups(H) * WeightLayout::kTilesPerGroup / c2.m_tiles);
+  g2.row_blocks = row_blocks(c2, H);
   g2.post_scale = ps2.as<float>();
   g2.bias = bias2.as<float>();
   g2.act = h;
@@ -398,7 +419,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g2.tb_prefix = tb_prefix[1];
   g2.out = y;
   g2.out_ld = H;
-  FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(g2, c2, e2, grid2, pdl, stream));
+  launch(g2, c2, e2, pdl, stream);
 
   kernels::FinalizeArgs fa;
   fa.y = y;
@@ -441,12 +462,12 @@ int MoeLayer::device() const { return impl_->device; }
 
 std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const Impl& m = *impl_;
-  const StreamGemmConfig c1 = m.config(tokens, gpu::Gemm::kGateUp);
-  const StreamGemmConfig c2 = m.config(tokens, gpu::Gemm::kDown);
+  const GemmChoice c1 = m.config(tokens, gpu::Gemm::kGateUp);
+  const GemmChoice c2 = m.config(tokens, gpu::Gemm::kDown);
+  const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
   return fmt::format("T={}: {}; gate/up GEMM: {}, grid {}; down GEMM: {}, grid {}; finalize", tokens,
-                     tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts ? "route+group (1 CTA)" : "route, scan, scatter",
-                     gpu::to_string(c1), m.grid(c1, m.epilogue(gpu::Gemm::kGateUp)), gpu::to_string(c2),
-                     m.grid(c2, m.epilogue(gpu::Gemm::kDown)));
+                     small ? "route+group (1 CTA)" : "route, scan, scatter", c1.to_string(),
+                     m.grid(c1, m.epilogue(gpu::Gemm::kGateUp)), c2.to_string(), m.grid(c2, m.epilogue(gpu::Gemm::kDown)));
 }
 
 #else  // no CUDA in this build

@@ -192,14 +192,50 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
     for (const auto& pp : pipes) {
       MoeLayerOptions o;
       o.max_tokens = 128;
-      o.gemm1 = StreamGemmChoice{s[0], s[1], pp[0], pp[1], pp[2]};
-      o.gemm2 = StreamGemmChoice{s[0], s[1], pp[0], pp[1], pp[2]};
+      o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
+      o.gemm2 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
       SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
                    std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " + std::to_string(pp[2]));
       const MoeLayer layer(w, o);
       expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
     }
   }
+}
+
+TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 400;  // 6 chunks of 64 and a 16-wide tail
+  d.intermediate = 192;
+  d.experts = 4;
+  d.top_k = 2;
+  const LayerWeights w = random_layer_weights(d, 14);
+  // (m_tiles, n_tiles, warps, stages): 8 warps x 2 tiles = 256 rows (rows past 2I = 384 and
+  // past H = 400 are padding), 4 warps x 2 tiles = 128 rows.
+  const int configs[][4] = {{2, 8, 8, 4}, {2, 4, 8, 3}, {2, 8, 4, 2}, {2, 4, 2, 5}};
+  for (const auto& c : configs) {
+    MoeLayerOptions o;
+    o.max_tokens = 512;
+    o.gemm1 = GemmChoice{GemmKernel::kTile, c[0], c[1], c[3], c[2], 1};
+    o.gemm2 = o.gemm1;
+    SCOPED_TRACE(o.gemm1->to_string());
+    const MoeLayer layer(w, o);
+    for (std::int64_t t : {1, 70, 300}) expect_matches_reference(w, layer, t, 1400 + static_cast<std::uint64_t>(t));
+  }
+}
+
+TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.hidden = 512;
+  d.intermediate = 256;
+  d.shared_intermediate = 256;
+  const LayerWeights w = random_layer_weights(d, 15);
+  MoeLayerOptions o;
+  o.max_tokens = 4096;
+  const MoeLayer layer(w, o);
+  EXPECT_NE(layer.plan_summary(4096).find("tile"), std::string::npos) << layer.plan_summary(4096);
+  expect_matches_reference(w, layer, 4096, 1500);
 }
 
 TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {

@@ -1,0 +1,267 @@
+// Tiled grouped GEMM for many tokens per expert (prefill): the CTA shares one token block in
+// shared memory and each warp decodes its own weight rows once for all of the block's tokens
+// (see tile_gemm_layout.hpp for the work split). mma.sync m16n8k16 bf16 with fp32 accumulators;
+// runs on sm_80 and newer. The weights' fragment layout, the k-permutation and the decode are
+// the stream kernel's (weight_layout.hpp), so both kernels read the same uploaded weights.
+//
+// Pipeline: a classic CTA-wide cp.async ring of `stages` K chunks; every thread copies a share
+// of the chunk's weight blocks and token rows, then all warps compute on the oldest stage.
+// Activation rows past K (the K tail) are zero-filled so that zero weights never meet NaN.
+#include "fp4moe/detail/portable_math.hpp"
+#include "kernels/common.cuh"
+#include "kernels/launch.hpp"
+#include "kernels/tile_gemm_layout.hpp"
+#include "kernels/weight_layout.hpp"
+
+namespace fp4moe::kernels {
+namespace {
+
+using detail::pm_add;
+using detail::pm_mul;
+using detail::portable_sigmoid;
+using detail::portable_silu;
+
+__device__ __forceinline__ float tile_activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
+  if (epi == StreamEpilogue::kSwiGLU) return pm_mul(portable_silu(gate), up);
+  const float g = (limit < gate) ? limit : gate;
+  const float u = (up < -limit) ? -limit : ((limit < up) ? limit : up);
+  return pm_mul(pm_mul(g, portable_sigmoid(pm_mul(alpha, g))), pm_add(u, 1.0f));
+}
+
+// 16-byte copy that writes zeros instead when `valid` is false (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// NOTE: 16-byte piece c of token row r lives at r*128 + (c ^ (r % 8))*16, so the 8 lanes of an
+// LDS.128 phase (rows g, pieces 2t + h) hit 8 distinct 4-bank groups.
+__device__ __forceinline__ int act_piece_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+
+}  // namespace
+
+template <int MT, int NT, StreamEpilogue EPI>
+__global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int threads = blockDim.x;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const TileGemmConfig cfg{MT, NT, warps, stages};
+  const int stage_bytes = TileGemmLayout::stage_bytes(cfg);
+  const int n_groups = TileGemmLayout::groups(cfg);
+  const int act_off = TileGemmLayout::act_offset(cfg);
+  constexpr int kTokens = NT * 8;
+  const std::uint32_t base = smem_addr(smem);
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int n_active = *p.n_active;
+  const int expert_groups = (p.rows + WeightLayout::kGroupRows - 1) / WeightLayout::kGroupRows;
+  // Items: (active expert, token block) major, row block minor; row_blocks is per CTA row block.
+  const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
+  int cursor = 0;
+  for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
+    const int pb = static_cast<int>(item / p.row_blocks);
+    const int rb = static_cast<int>(item % p.row_blocks);
+    while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+    const int expert = p.active[cursor];
+    const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
+    const int m_count = min(kTokens, p.offsets[expert + 1] - slot0);
+    const int group0 = rb * n_groups;  // first 64-row group of the block
+    const std::uint8_t* wbase = p.weights + static_cast<std::int64_t>(expert) * p.expert_stride +
+                                static_cast<std::int64_t>(group0) * p.n_chunks * WeightLayout::kBlockBytes;
+
+    auto issue = [&](int chunk) {
+      const std::uint32_t st = base + (chunk % stages) * stage_bytes;
+      // Weight blocks: n_groups x 2304 B, 144 16-byte pieces each. Groups past the expert's last
+      // (a row block that overhangs N) are not read; their rows are never stored.
+      for (int piece = threadIdx.x; piece < n_groups * 144; piece += threads) {
+        const int grp = piece / 144;
+        if (group0 + grp >= expert_groups) break;
+        const int off = (piece % 144) * 16;
+        cp_async16(st + grp * WeightLayout::kBlockBytes + off,
+                   wbase + (static_cast<std::int64_t>(grp) * p.n_chunks + chunk) * WeightLayout::kBlockBytes + off);
+      }
+      // Token rows: kTokens x 8 pieces of 8 bf16.
+      for (int piece = threadIdx.x; piece < kTokens * 8; piece += threads) {
+        const int r = piece >> 3;
+        const int c = piece & 7;
+        const int k = chunk * WeightLayout::kChunkK + c * 8;
+        const bool valid = r < m_count && k < p.k;
+        std::int64_t row = 0;
+        if (valid) row = p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r;
+        cp_async16_zfill(st + act_off + act_piece_offset(r, c), p.act + row * p.act_ld + (valid ? k : 0), valid);
+      }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+    const int n_chunks = p.n_chunks;
+    for (int c = 0; c < stages - 1; ++c) {
+      if (c < n_chunks) issue(c);
+      cp_async_commit();
+    }
+    for (int c = 0; c < n_chunks; ++c) {
+      cp_async_wait_dynamic(stages - 2);
+      __syncthreads();  // chunk c is visible to all; every warp is done with chunk c - 1
+      if (c + stages - 1 < n_chunks) issue(c + stages - 1);
+      cp_async_commit();
+
+      const std::uint32_t st = base + (c % stages) * stage_bytes;
+      // This warp's weight tiles and their scale factors for the chunk.
+      uint4 wq[MT];
+      std::uint32_t s_g[MT], s_g8[MT];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int tile = warp * MT + i;
+        const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
+        wq[i] = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
+        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes + (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
+        s_g[i] = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
+        s_g8[i] = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
+      }
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        // B fragments of this k-step for every token tile: 8 bytes of token row 8j + g.
+        std::uint32_t b[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const std::uint32_t addr = st + act_off + act_piece_offset(8 * j + g, 2 * t + (step >> 1)) + (step & 1) * 8;
+          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(b[j][0]), "=r"(b[j][1]) : "r"(addr));
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const std::uint32_t word = step == 0 ? wq[i].x : step == 1 ? wq[i].y : step == 2 ? wq[i].z : wq[i].w;
+          std::uint32_t a[4];
+          decode_e2m1x8(word, a);
+          a[0] = bf16x2_mul(a[0], s_g[i]);
+          a[1] = bf16x2_mul(a[1], s_g8[i]);
+          a[2] = bf16x2_mul(a[2], s_g[i]);
+          a[3] = bf16x2_mul(a[3], s_g8[i]);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma_bf16_16816(acc[i][j], a, b[j][0], b[j][1]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: lane holds rows g, g+8 of each tile for tokens 8j + 2t + {0, 1}.
+    const float* ps = p.post_scale + 2 * expert;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const int tile = group0 * 4 + warp * MT + i;  // tile index within the expert
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int n = 8 * j + 2 * t + q;
+          if (n >= m_count) continue;
+          const std::int64_t out_row = slot0 + n;
+          if constexpr (EPI == StreamEpilogue::kStoreF32) {
+            float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int row = tile * 16 + g + 8 * hh;
+              if (row >= p.rows) continue;
+              float val = acc[i][j][2 * hh + q] * ps[0];
+              if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(expert) * p.rows + row];
+              y[row] = val;
+            }
+          } else {
+            const int inter = p.rows / 2;
+            const int jj = tile * 8 + g;
+            if (jj >= inter) continue;
+            float gate = acc[i][j][q] * ps[0];
+            float up = acc[i][j][2 + q] * ps[1];
+            if (p.bias != nullptr) {
+              gate += p.bias[(static_cast<std::int64_t>(expert) * 2 + 0) * inter + jj];
+              up += p.bias[(static_cast<std::int64_t>(expert) * 2 + 1) * inter + jj];
+            }
+            const float val = tile_activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
+            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next item's prologue overwrites the stages
+  }
+}
+
+namespace {
+
+using TileKernelFn = void (*)(const StreamGemmArgs, const int);
+
+template <int MT, int NT>
+TileKernelFn tile_pick_epilogue(StreamEpilogue epi) {
+  switch (epi) {
+    case StreamEpilogue::kSwiGLU: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
+    case StreamEpilogue::kSwiGLUClamped: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
+    case StreamEpilogue::kStoreF32: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+  }
+  return nullptr;
+}
+
+// The one place where run-time tile shapes become template instances (kTileShapes).
+TileKernelFn tile_kernel_for(const TileGemmConfig& c, StreamEpilogue epi) {
+  switch (c.m_tiles * 10 + c.n_tiles) {
+    case 28: return tile_pick_epilogue<2, 8>(epi);
+    case 24: return tile_pick_epilogue<2, 4>(epi);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
+  const TileKernelFn fn = tile_kernel_for(config, epilogue);
+  if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  const int smem = static_cast<int>(TileGemmLayout::cta_bytes(config));
+  if (smem > optin) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes fa{};
+  err = cudaFuncGetAttributes(&fa, fn);
+  if (err != cudaSuccess) return err;
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, TileGemmLayout::threads(config), smem);
+  if (err != cudaSuccess) return err;
+  if (attributes != nullptr) {
+    attributes->registers = fa.numRegs;
+    attributes->local_bytes = static_cast<int>(fa.localSizeBytes);
+    attributes->max_blocks_per_sm = blocks;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
+                             int grid, bool pdl, cudaStream_t stream) {
+  const TileKernelFn fn = tile_kernel_for(config, epilogue);
+  if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(static_cast<unsigned>(grid));
+  lc.blockDim = dim3(static_cast<unsigned>(TileGemmLayout::threads(config)));
+  lc.dynamicSmemBytes = static_cast<std::size_t>(TileGemmLayout::cta_bytes(config));
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&lc, fn, args, config.stages);
+}
+
+}  // namespace fp4moe::kernels
