@@ -87,11 +87,15 @@ fi
 
 if has profile; then
   log "profile (ncu, one forward per token count)"
-  ncu --clock-control none -k regex:'fp4moe|route|group|finalize' \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+  metrics=${FP4MOE_PROFILE_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active}
+  what=(--metrics "$metrics")
+  if [ -n "${FP4MOE_PROFILE_SECTIONS:-}" ]; then
+    what=(); for sec in $FP4MOE_PROFILE_SECTIONS; do what+=(--section "$sec"); done
+  fi
+  ncu --clock-control none -k regex:"${FP4MOE_PROFILE_KERNELS:-fp4moe|route|group|finalize}" "${what[@]}" \
     "$build/fp4moe" bench --no-baseline --iterations 1 --warmup 0 --sets 1 ${FP4MOE_PROFILE_ARGS:---tokens 1,64} \
     > "$OUT/profile.txt" 2>&1 || { log "PROFILE FAILED"; tail -20 "$OUT/profile.txt"; }
-  grep -E "fp4moe_|route|group_|Duration|duration|dram__|inst_executed|issue_active|warps_active" "$OUT/profile.txt" | head -120
+  grep -vE "^==PROF==|^bench:|^    -+|^ +Section:" "$OUT/profile.txt" | grep -vE "^\s*$" | head -${FP4MOE_PROFILE_LINES:-150}
 fi
 cat "$OUT/summary.txt"
 exit $status
