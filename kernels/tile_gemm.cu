@@ -30,7 +30,7 @@ __device__ __forceinline__ float tile_activation(StreamEpilogue epi, float gate,
 
 // 16-byte copy that writes zeros instead when `valid` is false (src is then not read).
 __device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;
+  const int bytes = valid ? 16 : 0;  // src-size 0: nothing is read, 16 zero bytes are written
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
@@ -41,20 +41,25 @@ __device__ __forceinline__ int act_piece_offset(int row, int piece) { return row
 }  // namespace
 
 template <int MT, int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
+__global__ void __launch_bounds__(256, 2) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
   extern __shared__ __align__(128) std::uint8_t smem[];
+  constexpr int kWarps = TileGemmLayout::kWarps;
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kTokens = NT * 8;
+  constexpr TileGemmConfig kShape{MT, NT, kWarps, 2};
+  constexpr int kGroups = TileGemmLayout::groups(kShape);
+  constexpr int kActOff = TileGemmLayout::act_offset(kShape);
+  constexpr int kActPieces = kTokens * 8 / kThreads;  // 16-byte token pieces per thread per chunk
+  static_assert(kTokens * 8 % kThreads == 0 && kGroups <= kWarps);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  const int threads = blockDim.x;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const TileGemmConfig cfg{MT, NT, warps, stages};
-  const int stage_bytes = TileGemmLayout::stage_bytes(cfg);
-  const int n_groups = TileGemmLayout::groups(cfg);
-  const int act_off = TileGemmLayout::act_offset(cfg);
-  constexpr int kTokens = NT * 8;
+  const int stage_bytes = TileGemmLayout::stage_bytes({MT, NT, kWarps, stages});
   const std::uint32_t base = smem_addr(smem);
+  // This lane's two B piece offsets (k-steps 0-1 and 2-3) within a token tile's 1 KB.
+  const std::uint32_t b_off[2] = {static_cast<std::uint32_t>(act_piece_offset(g, 2 * t)),
+                                  static_cast<std::uint32_t>(act_piece_offset(g, 2 * t + 1))};
 
   pdl_wait();
   pdl_launch_dependents();
@@ -71,30 +76,49 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
     const int expert = p.active[cursor];
     const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
     const int m_count = min(kTokens, p.offsets[expert + 1] - slot0);
-    const int group0 = rb * n_groups;  // first 64-row group of the block
-    const std::uint8_t* wbase = p.weights + static_cast<std::int64_t>(expert) * p.expert_stride +
-                                static_cast<std::int64_t>(group0) * p.n_chunks * WeightLayout::kBlockBytes;
+    const int group0 = rb * kGroups;  // first 64-row group of the block
 
+    // What this thread copies each chunk, fixed for the item: warp w < kGroups copies row
+    // group w's 2304-byte block (groups past the expert's last are never read: their rows are
+    // never stored); every thread copies kActPieces 16-byte pieces of the token rows.
+    const std::uint8_t* wsrc = nullptr;
+    if (warp < kGroups && group0 + warp < expert_groups) {
+      wsrc = p.weights + static_cast<std::int64_t>(expert) * p.expert_stride +
+             static_cast<std::int64_t>(group0 + warp) * p.n_chunks * WeightLayout::kBlockBytes;
+    }
+    const std::uint16_t* asrc[kActPieces];
+    std::uint32_t adst[kActPieces];
+    bool avalid[kActPieces];
+#pragma unroll
+    for (int i = 0; i < kActPieces; ++i) {
+      const int piece = threadIdx.x + i * kThreads;
+      const int r = piece >> 3;
+      const int c = piece & 7;
+      avalid[i] = r < m_count;
+      const std::int64_t row = !avalid[i] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r);
+      asrc[i] = p.act + row * p.act_ld + c * 8;
+      adst[i] = static_cast<std::uint32_t>(kActOff + act_piece_offset(r, c));
+    }
+    const int k_pieces = p.k / 8;  // 16-byte pieces of a token row; a piece at or past it is K tail
+
+    int issue_slot = 0;
     auto issue = [&](int chunk) {
-      const std::uint32_t st = base + (chunk % stages) * stage_bytes;
-      // Weight blocks: n_groups x 2304 B, 144 16-byte pieces each. Groups past the expert's last
-      // (a row block that overhangs N) are not read; their rows are never stored.
-      for (int piece = threadIdx.x; piece < n_groups * 144; piece += threads) {
-        const int grp = piece / 144;
-        if (group0 + grp >= expert_groups) break;
-        const int off = (piece % 144) * 16;
-        cp_async16(st + grp * WeightLayout::kBlockBytes + off,
-                   wbase + (static_cast<std::int64_t>(grp) * p.n_chunks + chunk) * WeightLayout::kBlockBytes + off);
+      const std::uint32_t st = base + issue_slot * stage_bytes;
+      issue_slot = issue_slot + 1 == stages ? 0 : issue_slot + 1;
+      if (wsrc != nullptr) {
+        const std::uint8_t* blk = wsrc + static_cast<std::int64_t>(chunk) * WeightLayout::kBlockBytes;
+        const std::uint32_t dst = st + warp * WeightLayout::kBlockBytes;
+#pragma unroll
+        for (int q = 0; q < 5; ++q) {
+          const int piece = lane + 32 * q;  // 144 pieces of 16 B
+          if (q < 4 || piece < 144) cp_async16(dst + piece * 16, blk + piece * 16);
+        }
       }
-      // Token rows: kTokens x 8 pieces of 8 bf16.
-      for (int piece = threadIdx.x; piece < kTokens * 8; piece += threads) {
-        const int r = piece >> 3;
-        const int c = piece & 7;
-        const int k = chunk * WeightLayout::kChunkK + c * 8;
-        const bool valid = r < m_count && k < p.k;
-        std::int64_t row = 0;
-        if (valid) row = p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r;
-        cp_async16_zfill(st + act_off + act_piece_offset(r, c), p.act + row * p.act_ld + (valid ? k : 0), valid);
+#pragma unroll
+      for (int i = 0; i < kActPieces; ++i) {
+        const int kp = chunk * 8 + (threadIdx.x & 7);
+        const bool valid = avalid[i] && kp < k_pieces;
+        cp_async16_zfill(st + adst[i], asrc[i] + (valid ? chunk * WeightLayout::kChunkK : 0), valid);
       }
     };
 
@@ -111,13 +135,15 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
       if (c < n_chunks) issue(c);
       cp_async_commit();
     }
+    int slot = 0;
     for (int c = 0; c < n_chunks; ++c) {
       cp_async_wait_dynamic(stages - 2);
       __syncthreads();  // chunk c is visible to all; every warp is done with chunk c - 1
       if (c + stages - 1 < n_chunks) issue(c + stages - 1);
       cp_async_commit();
 
-      const std::uint32_t st = base + (c % stages) * stage_bytes;
+      const std::uint32_t st = base + slot * stage_bytes;
+      slot = slot + 1 == stages ? 0 : slot + 1;
       // This warp's weight tiles and their scale factors for the chunk.
       uint4 wq[MT];
       std::uint32_t s_g[MT], s_g8[MT];
@@ -131,25 +157,27 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
         s_g8[i] = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
       }
 #pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        // B fragments of this k-step for every token tile: 8 bytes of token row 8j + g.
-        std::uint32_t b[NT][2];
+      for (int h = 0; h < 2; ++h) {  // k-steps 2h and 2h+1: one LDS.128 per token tile
+        uint4 bq[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const std::uint32_t addr = st + act_off + act_piece_offset(8 * j + g, 2 * t + (step >> 1)) + (step & 1) * 8;
-          asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(b[j][0]), "=r"(b[j][1]) : "r"(addr));
-        }
+        for (int j = 0; j < NT; ++j) bq[j] = lds128(st + kActOff + j * 8 * TileGemmLayout::kActRowBytes + b_off[h]);
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
-          const std::uint32_t word = step == 0 ? wq[i].x : step == 1 ? wq[i].y : step == 2 ? wq[i].z : wq[i].w;
-          std::uint32_t a[4];
-          decode_e2m1x8(word, a);
-          a[0] = bf16x2_mul(a[0], s_g[i]);
-          a[1] = bf16x2_mul(a[1], s_g8[i]);
-          a[2] = bf16x2_mul(a[2], s_g[i]);
-          a[3] = bf16x2_mul(a[3], s_g8[i]);
 #pragma unroll
-          for (int j = 0; j < NT; ++j) mma_bf16_16816(acc[i][j], a, b[j][0], b[j][1]);
+          for (int ss = 0; ss < 2; ++ss) {
+            const int step = 2 * h + ss;
+            const std::uint32_t word = step == 0 ? wq[i].x : step == 1 ? wq[i].y : step == 2 ? wq[i].z : wq[i].w;
+            std::uint32_t a[4];
+            decode_e2m1x8(word, a);
+            a[0] = bf16x2_mul(a[0], s_g[i]);
+            a[1] = bf16x2_mul(a[1], s_g8[i]);
+            a[2] = bf16x2_mul(a[2], s_g[i]);
+            a[3] = bf16x2_mul(a[3], s_g8[i]);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              mma_bf16_16816(acc[i][j], a, ss == 0 ? bq[j].x : bq[j].z, ss == 0 ? bq[j].y : bq[j].w);
+            }
+          }
         }
       }
     }

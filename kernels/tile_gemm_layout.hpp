@@ -25,7 +25,7 @@ namespace fp4moe::kernels {
 struct TileGemmConfig {
   int m_tiles = 2;  // 16-row mma tiles per warp
   int n_tiles = 8;  // 8-token mma tiles of the CTA's token block
-  int warps = 8;    // warps per CTA (warps * m_tiles a multiple of 4: whole 64-row groups)
+  int warps = 8;    // warps per CTA: 8 (the copy schedule is compiled for it)
   int stages = 4;   // CTA-wide cp.async pipeline depth
 
   constexpr bool operator==(const TileGemmConfig& o) const {
@@ -34,6 +34,7 @@ struct TileGemmConfig {
 };
 
 struct TileGemmLayout {
+  static constexpr int kWarps = 8;
   static constexpr int kBlockBytes = 2304;   // one (64-row group, 64-K chunk) weight block
   static constexpr int kActRowBytes = 128;   // 64 bf16 of one token
   static constexpr int kStageAlign = 128;
@@ -52,7 +53,7 @@ struct TileGemmLayout {
   }
   static constexpr int threads(const TileGemmConfig& c) { return c.warps * 32; }
   static constexpr bool valid(const TileGemmConfig& c) {
-    return c.warps >= 1 && c.warps <= 8 && (c.warps * c.m_tiles) % 4 == 0 && c.stages >= 2 && c.stages <= 8;
+    return c.warps == kWarps && (c.warps * c.m_tiles) % 4 == 0 && c.stages >= 2 && c.stages <= 8;
   }
 };
 
