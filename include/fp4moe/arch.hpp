@@ -43,10 +43,11 @@ struct ArchInfo {
   bool wgmma = false;             // warpgroup MMA (sm_90a only)
   bool tcgen05 = false;           // tcgen05 / UMMA with tensor memory (sm_100a, sm_103a)
   bool block_scaled_fp4 = false;  // MMA with per-block scale factors on FP4 (NVFP4/MXFP4)
-  std::string block_scaled_instr;  // how: "tcgen05.mma kind::mxf4nvf4" or "mma.sync kind::mxf4nvf4.block_scale"
-  bool tma = false;                // cp.async.bulk.tensor (sm_90+)
-  bool clusters = false;           // thread-block clusters (sm_90+)
-  bool tma_multicast = false;      // TMA multicast across a cluster (sm_90, sm_100, sm_103; not sm_120)
+  std::string
+      block_scaled_instr;      // how: "tcgen05.mma kind::mxf4nvf4" or "mma.sync kind::mxf4nvf4.block_scale"
+  bool tma = false;            // cp.async.bulk.tensor (sm_90+)
+  bool clusters = false;       // thread-block clusters (sm_90+)
+  bool tma_multicast = false;  // TMA multicast across a cluster (sm_90, sm_100, sm_103; not sm_120)
 
   // Figures of the example GPU (per product, not per architecture): used by the cost model only.
   int sm_count = 0;
@@ -54,7 +55,7 @@ struct ArchInfo {
   double l2_bandwidth_gbs = 0;    // L2 -> SM bandwidth, GB/s (estimated: see docs/PLANNER.md)
   double memory_latency_ns = 0;   // loaded DRAM latency, ns (estimated)
 
-  std::string source = "table";     // "table" or "device 0 (NVIDIA H200)"
+  std::string source = "table";    // "table" or "device 0 (NVIDIA H200)"
   std::vector<std::string> notes;  // where the device disagreed with the table, and how figures were set
 
   // Names the tensor-core families present, e.g. "mma.sync BF16/FP8, wgmma".
@@ -78,5 +79,9 @@ const ArchInfo& arch_by_sm(int sm);
 // bandwidth from its memory clock and bus width when both are reported. Each disagreement with
 // the table is recorded in notes ("smem_per_sm: device 233472 B, table 232448 B").
 ArchInfo arch_from_gpu(const GpuInfo& gpu);
+
+// "local" (or empty): arch_from_gpu of CUDA device 0, throwing Error (kUnsupported) with the
+// reason when there is none; anything else: arch_by_name.
+ArchInfo resolve_arch(std::string_view name);
 
 }  // namespace fp4moe

@@ -77,7 +77,8 @@ struct CutlassConfig {
   CutlassSchedule schedule = CutlassSchedule::kAuto;
   int stages = 0;  // 0: StageCountAutoCarveout (what TensorRT-LLM uses); N > 0: StageCount<N>
 
-  // "cutlass-grouped-blockscaled nvfp4 x nvfp4, tile 128x256x128, epilogue finalize, swap_ab off, auto stages"
+  // "cutlass-grouped-blockscaled nvfp4 x nvfp4, tile 128x256x128, epilogue finalize, swap_ab off, auto
+  // stages"
   std::string to_string() const;
 };
 
@@ -103,7 +104,8 @@ struct CutlassAlternative {
 struct CutlassVerdict {
   CutlassConfig config;
   std::string arch;   // "sm_120"
-  std::string model;  // "SM120 block-scaled grouped GEMM (CUTLASS 4.2.1 sm120_blockscaled_mma_builder.inl), cooperative"
+  std::string model;  // "SM120 block-scaled grouped GEMM (CUTLASS 4.2.1 sm120_blockscaled_mma_builder.inl),
+                      // cooperative"
   bool supported = true;
   std::string unsupported_reason;  // set when !supported: which constraint, with the values
 
@@ -112,7 +114,8 @@ struct CutlassVerdict {
   std::int64_t stage_bytes = 0;
   // The stage count.
   std::int64_t capacity_bytes = 0;  // what the builder divides (after its own reductions)
-  std::int64_t carveout_bytes = 0;  // StageCountAutoCarveout<carveout>: sizeof(CollectiveEpilogue::SharedStorage)
+  std::int64_t carveout_bytes =
+      0;  // StageCountAutoCarveout<carveout>: sizeof(CollectiveEpilogue::SharedStorage)
   int stages = 0;
   std::int64_t stage_spare_bytes = 0;  // capacity - carveout - stages * stage
   std::string stages_how;              // "(101376 - 17408) / 27664 = 3, 976 B to spare"
@@ -127,14 +130,15 @@ struct CutlassVerdict {
   std::int64_t total_bytes = 0;
   std::int64_t limit_bytes = 0;  // the arch's opt-in shared memory per block
   bool fits = false;
-  std::int64_t over_by_bytes = 0;  // 0 when it fits
-  bool estimated = false;          // some term is estimated
-  std::string reason;              // one sentence: why it fits or not, with the numbers
+  std::int64_t over_by_bytes = 0;                // 0 when it fits
+  bool estimated = false;                        // some term is estimated
+  std::string reason;                            // one sentence: why it fits or not, with the numbers
   std::vector<CutlassAlternative> alternatives;  // when it does not fit: changes, each with its total
 
   std::string to_string() const;  // the breakdown table, the verdict, the cause and the fixes
   std::string to_json() const;    // one JSON object (fits, total_bytes, limit_bytes, stages, ...)
-  std::string one_line() const;   // "128x256x128 finalize: DOES NOT FIT 102400 B > 101376 B (3 stages, over by 1024 B)"
+  std::string one_line()
+      const;  // "128x256x128 finalize: DOES NOT FIT 102400 B > 101376 B (3 stages, over by 1024 B)"
 };
 
 // The verdict for one configuration on one architecture. Never throws for a configuration the

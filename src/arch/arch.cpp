@@ -116,15 +116,17 @@ std::string ArchInfo::to_string() const {
   std::string s = fmt::format("{} (figures of {}; source: {})\n", name, example_gpu, source);
   s += fmt::format("  shared memory: {} B per block (opt-in), {} B per SM, {} B reserved per block\n",
                    smem_per_block_optin, smem_per_sm, smem_reserved_per_block);
-  s += fmt::format("  registers: {} per SM, {} per block, {} per thread (allocated per warp in units of {})\n",
-                   regs_per_sm, regs_per_block, regs_per_thread, reg_alloc_unit);
+  s +=
+      fmt::format("  registers: {} per SM, {} per block, {} per thread (allocated per warp in units of {})\n",
+                  regs_per_sm, regs_per_block, regs_per_thread, reg_alloc_unit);
   s += fmt::format("  threads: {} per SM, {} per block; {} blocks per SM\n", max_threads_per_sm,
                    max_threads_per_block, max_blocks_per_sm);
   s += fmt::format("  tensor cores: {}\n", mma_families());
-  s += fmt::format("  TMA: {}, clusters: {}, TMA multicast: {}\n", tma ? "yes" : "no", clusters ? "yes" : "no",
-                   tma_multicast ? "yes" : "no");
-  s += fmt::format("  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated)\n",
-                   sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns);
+  s += fmt::format("  TMA: {}, clusters: {}, TMA multicast: {}\n", tma ? "yes" : "no",
+                   clusters ? "yes" : "no", tma_multicast ? "yes" : "no");
+  s += fmt::format(
+      "  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated)\n",
+      sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns);
   for (const auto& n : notes) s += "  note: " + n + "\n";
   return s;
 }
@@ -138,8 +140,9 @@ const ArchInfo& arch_by_sm(int sm) {
   for (const auto& a : arch_table()) {
     if (a.sm == sm) return a;
   }
-  fail(Errc::kUnsupported, "compute capability {}.{} (sm_{}) is not in fp4moe's architecture table (known: {})",
-       sm / 10, sm % 10, sm, known_names());
+  fail(Errc::kUnsupported,
+       "compute capability {}.{} (sm_{}) is not in fp4moe's architecture table (known: {})", sm / 10, sm % 10,
+       sm, known_names());
 }
 
 const ArchInfo& arch_by_name(std::string_view name) {
@@ -159,8 +162,8 @@ ArchInfo arch_from_gpu(const GpuInfo& gpu) {
   a.example_gpu = gpu.name;
   const auto take = [&a](const char* what, auto& field, auto device_value, const char* unit) {
     if (device_value <= 0 || device_value == field) return;
-    a.notes.push_back(fmt::format("{}: device {}{}, table {}{} (using the device's)", what, device_value, unit,
-                                  field, unit));
+    a.notes.push_back(fmt::format("{}: device {}{}, table {}{} (using the device's)", what, device_value,
+                                  unit, field, unit));
     field = device_value;
   };
   take("smem_per_block_optin", a.smem_per_block_optin, gpu.smem_per_block_optin, " B");
@@ -174,13 +177,25 @@ ArchInfo arch_from_gpu(const GpuInfo& gpu) {
     // NOTE: the runtime reports the memory clock such that 2 transfers per clock (DDR) times the
     // bus width gives the datasheet peak (H100 SXM: 2619 MHz x 5120 bit x 2 / 8 = 3.35 TB/s).
     const double gbs = 2.0 * gpu.memory_clock_khz * 1e3 * gpu.memory_bus_bits / 8.0 / 1e9;
-    a.notes.push_back(fmt::format("DRAM bandwidth {:.0f} GB/s from the device's memory clock ({} kHz) and bus "
-                                  "({} bit); L2 bandwidth scaled with it",
-                                  gbs, gpu.memory_clock_khz, gpu.memory_bus_bits));
+    a.notes.push_back(
+        fmt::format("DRAM bandwidth {:.0f} GB/s from the device's memory clock ({} kHz) and bus "
+                    "({} bit); L2 bandwidth scaled with it",
+                    gbs, gpu.memory_clock_khz, gpu.memory_bus_bits));
     a.dram_bandwidth_gbs = gbs;
     a.l2_bandwidth_gbs = gbs * kL2OverDram;
   }
   return a;
+}
+
+ArchInfo resolve_arch(std::string_view name) {
+  if (!name.empty() && name != "local") return arch_by_name(name);
+  std::string why;
+  const auto gpus = list_gpus(&why);
+  if (gpus.empty()) {
+    fail(Errc::kUnsupported, "no local GPU to plan for ({}); name an architecture instead (known: {})", why,
+         known_names());
+  }
+  return arch_from_gpu(gpus.front());
 }
 
 }  // namespace fp4moe

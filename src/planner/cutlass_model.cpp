@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/fail.hpp"
 
@@ -23,7 +23,9 @@ namespace {
 
 using i64 = std::int64_t;
 
-constexpr i64 round_up(i64 x, i64 a) { return (x + a - 1) / a * a; }
+constexpr i64 round_up(i64 x, i64 a) {
+  return (x + a - 1) / a * a;
+}
 
 // NOTE: the capacities CUTLASS compiles in (cutlass/arch/arch.h, sm90_common.inl): the builders
 // divide these, not what the device reports.
@@ -69,16 +71,20 @@ struct EpilogueModel {
   std::vector<ByteTerm> terms;
 };
 
-bool is_block_scaled(Operand op) { return op == Operand::kNvfp4 || op == Operand::kMxfp4 || op == Operand::kMxfp8; }
+bool is_block_scaled(Operand op) {
+  return op == Operand::kNvfp4 || op == Operand::kMxfp4 || op == Operand::kMxfp8;
+}
 
 // Returns an empty string when supported, else the reason.
 std::string resolve(const CutlassConfig& c, const ArchInfo& arch, Resolved& r) {
   const auto& t = c.tile;
-  if (t.m <= 0 || t.n <= 0 || t.k <= 0) return fmt::format("tile {} has a non-positive extent", t.to_string());
+  if (t.m <= 0 || t.n <= 0 || t.k <= 0)
+    return fmt::format("tile {} has a non-positive extent", t.to_string());
   if (arch.sm < 90) {
-    return fmt::format("{} has no TMA (CUTLASS's TMA warp-specialized grouped GEMMs need sm_90+); fp4moe's own "
-                       "kernels run there",
-                       arch.name);
+    return fmt::format(
+        "{} has no TMA (CUTLASS's TMA warp-specialized grouped GEMMs need sm_90+); fp4moe's own "
+        "kernels run there",
+        arch.name);
   }
   r.ka = c.swap_ab ? c.b : c.a;
   r.kb = c.swap_ab ? c.a : c.b;
@@ -86,12 +92,14 @@ std::string resolve(const CutlassConfig& c, const ArchInfo& arch, Resolved& r) {
   r.cta_n = t.n;
   if (c.kernel == CutlassKernel::kGrouped) {
     if (arch.sm != 90) {
-      return fmt::format("cutlass-grouped is modelled for sm_90 only; on {} use cutlass-grouped-blockscaled", arch.name);
+      return fmt::format("cutlass-grouped is modelled for sm_90 only; on {} use cutlass-grouped-blockscaled",
+                         arch.name);
     }
     if (is_block_scaled(c.a) || is_block_scaled(c.b) || operand_bits(c.a) != operand_bits(c.b)) {
-      return fmt::format("cutlass-grouped on sm_90 takes bf16 x bf16 or fp8 x fp8, not {} x {} (sm_90 has no FP4 "
-                         "tensor cores: {})",
-                         operand_name(c.a), operand_name(c.b), arch.mma_families());
+      return fmt::format(
+          "cutlass-grouped on sm_90 takes bf16 x bf16 or fp8 x fp8, not {} x {} (sm_90 has no FP4 "
+          "tensor cores: {})",
+          operand_name(c.a), operand_name(c.b), arch.mma_families());
     }
     r.family = Family::kSm90;
     r.schedule = c.schedule == CutlassSchedule::kAuto ? CutlassSchedule::kCooperative : c.schedule;
@@ -104,7 +112,8 @@ std::string resolve(const CutlassConfig& c, const ArchInfo& arch, Resolved& r) {
       return fmt::format("tile M={} is not a multiple of {} (the {} schedule's warpgroup tile)", t.m, m_align,
                          cutlass_schedule_name(r.schedule));
     }
-    if (t.n % 16 != 0 || t.n > 256) return fmt::format("tile N={} is not a multiple of 16 in 16..256 (wgmma N)", t.n);
+    if (t.n % 16 != 0 || t.n > 256)
+      return fmt::format("tile N={} is not a multiple of 16 in 16..256 (wgmma N)", t.n);
     if (t.k * operand_bits(c.a) / 8 % 64 != 0) {
       return fmt::format("tile K={} is not a multiple of {} elements (64 B, one swizzle atom)", t.k,
                          64 * 8 / operand_bits(c.a));
@@ -116,17 +125,19 @@ std::string resolve(const CutlassConfig& c, const ArchInfo& arch, Resolved& r) {
   }
   // Block-scaled.
   if (!arch.block_scaled_fp4) {
-    return fmt::format("{} has no block-scaled MMA (tensor cores: {}): FP4 weights must be widened to BF16 there "
-                       "(fp4moe's own kernels), or use cutlass-grouped with bf16 or fp8 operands",
-                       arch.name, arch.mma_families());
+    return fmt::format(
+        "{} has no block-scaled MMA (tensor cores: {}): FP4 weights must be widened to BF16 there "
+        "(fp4moe's own kernels), or use cutlass-grouped with bf16 or fp8 operands",
+        arch.name, arch.mma_families());
   }
   if (!is_block_scaled(c.a) || !is_block_scaled(c.b)) {
     return fmt::format("cutlass-grouped-blockscaled takes nvfp4, mxfp4 or mxfp8 operands, not {} x {}",
                        operand_name(c.a), operand_name(c.b));
   }
   if ((c.a == Operand::kNvfp4) != (c.b == Operand::kNvfp4)) {
-    return fmt::format("{} x {}: NVFP4 (E4M3 scale per 16) pairs only with NVFP4; MX types share UE8M0 scales per 32",
-                       operand_name(c.a), operand_name(c.b));
+    return fmt::format(
+        "{} x {}: NVFP4 (E4M3 scale per 16) pairs only with NVFP4; MX types share UE8M0 scales per 32",
+        operand_name(c.a), operand_name(c.b));
   }
   r.sf_vec = c.a == Operand::kNvfp4 ? 16 : 32;
   // NOTE: with an 8-bit operand the MMA is kind::f8f6f4 and both operands sit in shared memory in
@@ -135,36 +146,43 @@ std::string resolve(const CutlassConfig& c, const ArchInfo& arch, Resolved& r) {
   r.smem_bits_a = r.mxf8f6f4 ? 8 : 4;
   r.smem_bits_b = r.smem_bits_a;
   if (t.k % (4 * r.sf_vec) != 0) {
-    return fmt::format("tile K={} is not a multiple of {} (4 scale factors of {} values per row, one 32-bit word)",
-                       t.k, 4 * r.sf_vec, r.sf_vec);
+    return fmt::format(
+        "tile K={} is not a multiple of {} (4 scale factors of {} values per row, one 32-bit word)", t.k,
+        4 * r.sf_vec, r.sf_vec);
   }
   if (arch.sm >= 120) {
     r.family = Family::kSm120;
     r.schedule = c.schedule == CutlassSchedule::kAuto ? CutlassSchedule::kCooperative : c.schedule;
     if (r.schedule != CutlassSchedule::kCooperative && r.schedule != CutlassSchedule::kPingpong) {
-      return fmt::format("schedule {} does not exist on {} (cooperative or pingpong; no 2-SM MMA, cluster 1x1x1)",
-                         cutlass_schedule_name(r.schedule), arch.name);
+      return fmt::format(
+          "schedule {} does not exist on {} (cooperative or pingpong; no 2-SM MMA, cluster 1x1x1)",
+          cutlass_schedule_name(r.schedule), arch.name);
     }
     if (t.m % 64 != 0) return fmt::format("tile M={} is not a multiple of 64", t.m);
-    if (t.n < 32 || t.n % 32 != 0) return fmt::format("tile N={} is not a multiple of 32 (the builder needs N >= 32)", t.n);
+    if (t.n < 32 || t.n % 32 != 0)
+      return fmt::format("tile N={} is not a multiple of 32 (the builder needs N >= 32)", t.n);
     const int perm_k = r.mxf8f6f4 ? 32 : 64;
-    if (t.k % perm_k != 0) return fmt::format("tile K={} is not a multiple of {} (the MMA's K permutation)", t.k, perm_k);
+    if (t.k % perm_k != 0)
+      return fmt::format("tile K={} is not a multiple of {} (the MMA's K permutation)", t.k, perm_k);
     r.model = fmt::format("SM120 block-scaled grouped GEMM (sm120_blockscaled_mma_builder.inl), {}",
                           cutlass_schedule_name(r.schedule));
     return {};
   }
   r.family = Family::kSm100;
   r.schedule = c.schedule;
-  if (r.schedule == CutlassSchedule::kAuto) r.schedule = t.m >= 256 ? CutlassSchedule::k2Sm : CutlassSchedule::k1Sm;
+  if (r.schedule == CutlassSchedule::kAuto)
+    r.schedule = t.m >= 256 ? CutlassSchedule::k2Sm : CutlassSchedule::k1Sm;
   if (r.schedule != CutlassSchedule::k1Sm && r.schedule != CutlassSchedule::k2Sm) {
-    return fmt::format("schedule {} does not exist on {} (1sm or 2sm)", cutlass_schedule_name(r.schedule), arch.name);
+    return fmt::format("schedule {} does not exist on {} (1sm or 2sm)", cutlass_schedule_name(r.schedule),
+                       arch.name);
   }
   const bool two_sm = r.schedule == CutlassSchedule::k2Sm;
   if (two_sm ? (t.m != 128 && t.m != 256) : (t.m != 64 && t.m != 128)) {
     return fmt::format("tile M={} is not a {} UMMA tile ({})", t.m, two_sm ? "2-SM" : "1-SM",
                        two_sm ? "128 or 256" : "64 or 128");
   }
-  if (t.n % 16 != 0 || t.n < 16 || t.n > 256) return fmt::format("tile N={} is not a multiple of 16 in 16..256", t.n);
+  if (t.n % 16 != 0 || t.n < 16 || t.n > 256)
+    return fmt::format("tile N={} is not a multiple of 16 in 16..256", t.n);
   if (two_sm) {
     r.cta_m = t.m / 2;
     r.cta_n = t.n / 2;
@@ -212,29 +230,32 @@ EpilogueModel epilogue_model(const CutlassConfig& c, const Resolved& r) {
     const int c_cap = r.family == Family::kSm120 ? 2 : 4;
     e.stages_c = std::max(std::min(epi_tiles, c_cap), e.stages_d + 1);
     collective = e.stages_c * subtile;
-    e.terms.push_back({"C/D buffers", collective, fmt::format("{} x {} (D reuses C)", e.stages_c, subtile_how), false,
-                       false, est});
+    e.terms.push_back({"C/D buffers", collective,
+                       fmt::format("{} x {} (D reuses C)", e.stages_c, subtile_how), false, false, est});
   } else {
     // FINALIZE: C and D apart, two stages each (PLANNER_FACTS.md, measured on SM120).
     e.stages_c = e.stages_d;
-    e.terms.push_back({"C buffers", e.stages_c * subtile, fmt::format("{} x {}", e.stages_c, subtile_how), false,
-                       false, est});
-    e.terms.push_back({"D scratch", e.stages_d * subtile, fmt::format("{} x {}", e.stages_d, subtile_how), false,
-                       false, est});
+    e.terms.push_back({"C buffers", e.stages_c * subtile, fmt::format("{} x {}", e.stages_c, subtile_how),
+                       false, false, est});
+    e.terms.push_back({"D scratch", e.stages_d * subtile, fmt::format("{} x {}", e.stages_d, subtile_how),
+                       false, false, est});
     collective = (e.stages_c + e.stages_d) * subtile;
   }
   // NOTE: D is row-major (N contiguous) without swap_ab, column-major (M contiguous) with it.
   const i64 contiguous = (c.swap_ab ? e.epi_m : e.epi_n) * 2;
   const i64 align = swizzle_alignment(contiguous);
   const i64 fusion = c.epilogue == Epilogue::kNone ? kNoneFusionBytes : kFinalizeFusionBytes;
-  e.terms.push_back({"fusion storage", fusion,
-                     c.epilogue == Epilogue::kNone ? "linear-combination callbacks" : "bias broadcast, router scale",
-                     false, false, true});
+  e.terms.push_back(
+      {"fusion storage", fusion,
+       c.epilogue == Epilogue::kNone ? "linear-combination callbacks" : "bias broadcast, router scale", false,
+       false, true});
   e.tensor_storage = round_up(collective + fusion, align);
   e.terms.push_back({fmt::format("round up to {}", align), e.tensor_storage - collective - fusion,
-                     fmt::format("swizzle alignment of a {} B contiguous extent", contiguous), true, false, est});
+                     fmt::format("swizzle alignment of a {} B contiguous extent", contiguous), true, false,
+                     est});
   const i64 pipeline = kStageBarrier * e.stages_c;
-  e.terms.push_back({"load pipeline", pipeline, fmt::format("{} x {} B", e.stages_c, kStageBarrier), false, false, est});
+  e.terms.push_back(
+      {"load pipeline", pipeline, fmt::format("{} x {} B", e.stages_c, kStageBarrier), false, false, est});
   e.shared_storage = round_up(e.tensor_storage + pipeline, align);
   e.terms.push_back({fmt::format("round up to {}", align), e.shared_storage - e.tensor_storage - pipeline, "",
                      true, false, est});
@@ -266,7 +287,8 @@ i64 sum_bytes(const std::vector<ByteTerm>& terms) {
 
 void push_round(std::vector<ByteTerm>& terms, i64 align, bool estimated) {
   const i64 before = sum_bytes(terms);
-  terms.push_back({fmt::format("round up to {}", align), round_up(before, align) - before, "", true, false, estimated});
+  terms.push_back(
+      {fmt::format("round up to {}", align), round_up(before, align) - before, "", true, false, estimated});
 }
 
 CutlassVerdict evaluate(const CutlassConfig& c, const ArchInfo& arch) {
@@ -336,28 +358,33 @@ CutlassVerdict evaluate(const CutlassConfig& c, const ArchInfo& arch) {
   } else {
     v.stages = static_cast<int>((v.capacity_bytes - v.carveout_bytes) / v.stage_bytes);
     v.stage_spare_bytes = v.capacity_bytes - v.carveout_bytes - v.stages * v.stage_bytes;
-    v.stages_how = fmt::format("StageCountAutoCarveout<{}>: ({} - {}) / {} = {}, {} B to spare", v.carveout_bytes,
-                               v.capacity_bytes, v.carveout_bytes, v.stage_bytes, v.stages, v.stage_spare_bytes);
+    v.stages_how =
+        fmt::format("StageCountAutoCarveout<{}>: ({} - {}) / {} = {}, {} B to spare", v.carveout_bytes,
+                    v.capacity_bytes, v.carveout_bytes, v.stage_bytes, v.stages, v.stage_spare_bytes);
   }
   v.estimated = est;
 
   // The kernel's SharedStorage.
   auto& kt = v.kernel_terms;
-  kt.push_back({"mainloop tensors", v.stages * stage_tensors, fmt::format("{} x {}", v.stages, stage_tensors)});
-  kt.push_back({"epilogue tensors", epi.tensor_storage, "CollectiveEpilogue::TensorStorage", false, false, est});
+  kt.push_back(
+      {"mainloop tensors", v.stages * stage_tensors, fmt::format("{} x {}", v.stages, stage_tensors)});
+  kt.push_back(
+      {"epilogue tensors", epi.tensor_storage, "CollectiveEpilogue::TensorStorage", false, false, est});
   push_round(kt, 1024, est);
   kt.push_back({"mainloop + epilogue barriers", kStageBarrier * (v.stages + epi.stages_c),
                 fmt::format("16 x {} + 16 x {} (in the stage and the carveout)", v.stages, epi.stages_c)});
   if (r.family == Family::kSm100) {
     for (const auto& t : sm100_extra) kt.push_back(t);
   } else {
-    kt.push_back({"scheduler pipeline + load order", kSchedulerStages * 16 + 16, "8 x 16 + 16", false, true, est});
+    kt.push_back(
+        {"scheduler pipeline + load order", kSchedulerStages * 16 + 16, "8 x 16 + 16", false, true, est});
     kt.push_back({"scheduler responses", kSchedulerStages * kSchedulerResponse, "8 x 16", false, true, est});
     if (sm120) {
-      kt.push_back({"tensor maps", 7 * kTmaDescriptor, "A, B, SFA, SFB, C, D descriptors + alignment (measured)",
-                    false, true, false});
+      kt.push_back({"tensor maps", 7 * kTmaDescriptor,
+                    "A, B, SFA, SFB, C, D descriptors + alignment (measured)", false, true, false});
     } else {
-      kt.push_back({"tensor maps", 5 * kTmaDescriptor, "A, B, C, D descriptors + alignment", false, true, true});
+      kt.push_back(
+          {"tensor maps", 5 * kTmaDescriptor, "A, B, C, D descriptors + alignment", false, true, true});
     }
   }
   push_round(kt, 1024, est);
@@ -370,9 +397,10 @@ CutlassVerdict evaluate(const CutlassConfig& c, const ArchInfo& arch) {
   if (v.stages < kMinStages) {
     v.fits = false;
     v.over_by_bytes = std::max<i64>(0, v.total_bytes - v.limit_bytes);
-    v.reason = fmt::format("only {} stage(s) of {} B fit in {} - {} B; CUTLASS needs at least {} "
-                           "(a static_assert: this configuration does not compile)",
-                           v.stages, v.stage_bytes, v.capacity_bytes, v.carveout_bytes, kMinStages);
+    v.reason = fmt::format(
+        "only {} stage(s) of {} B fit in {} - {} B; CUTLASS needs at least {} "
+        "(a static_assert: this configuration does not compile)",
+        v.stages, v.stage_bytes, v.capacity_bytes, v.carveout_bytes, kMinStages);
     return v;
   }
   v.fits = v.total_bytes <= v.limit_bytes;
@@ -381,16 +409,18 @@ CutlassVerdict evaluate(const CutlassConfig& c, const ArchInfo& arch) {
     v.reason = fmt::format("fits: {} B <= {} B ({} B to spare)", v.total_bytes, v.limit_bytes,
                            v.limit_bytes - v.total_bytes);
   } else if (c.stages > 0) {
-    v.reason = fmt::format("StageCount<{}> asks for {} x {} B of mainloop buffers; with the epilogue ({} B) and {} B of "
-                           "kernel storage the block needs {} B > {} B",
-                           v.stages, v.stages, v.stage_bytes, epi.tensor_storage, v.outside_carveout_bytes,
-                           v.total_bytes, v.limit_bytes);
+    v.reason = fmt::format(
+        "StageCount<{}> asks for {} x {} B of mainloop buffers; with the epilogue ({} B) and {} B of "
+        "kernel storage the block needs {} B > {} B",
+        v.stages, v.stages, v.stage_bytes, epi.tensor_storage, v.outside_carveout_bytes, v.total_bytes,
+        v.limit_bytes);
   } else {
-    v.reason = fmt::format("StageCountAutoCarveout<{}> reserves only the epilogue's storage, so {} stages leave {} B, "
-                           "but the kernel also needs {} B the formula never counts (scheduler pipeline and responses, "
-                           "tensor maps) and rounds its storage up to 1024 B: {} B > {} B",
-                           v.carveout_bytes, v.stages, v.stage_spare_bytes, v.outside_carveout_bytes, v.total_bytes,
-                           v.limit_bytes);
+    v.reason = fmt::format(
+        "StageCountAutoCarveout<{}> reserves only the epilogue's storage, so {} stages leave {} B, "
+        "but the kernel also needs {} B the formula never counts (scheduler pipeline and responses, "
+        "tensor maps) and rounds its storage up to 1024 B: {} B > {} B",
+        v.carveout_bytes, v.stages, v.stage_spare_bytes, v.outside_carveout_bytes, v.total_bytes,
+        v.limit_bytes);
   }
   return v;
 }
@@ -399,8 +429,8 @@ void add_alternative(CutlassVerdict& v, const ArchInfo& arch, std::string change
                      std::string note) {
   const CutlassVerdict alt = evaluate(cfg, arch);
   if (!alt.supported) return;
-  v.alternatives.push_back(
-      {std::move(change), cfg, alt.stages, alt.total_bytes, alt.fits && alt.stages >= kMinStages, std::move(note)});
+  v.alternatives.push_back({std::move(change), cfg, alt.stages, alt.total_bytes,
+                            alt.fits && alt.stages >= kMinStages, std::move(note)});
 }
 
 void add_alternatives(CutlassVerdict& v, const ArchInfo& arch) {
@@ -418,7 +448,8 @@ void add_alternatives(CutlassVerdict& v, const ArchInfo& arch) {
       if (c.kernel == CutlassKernel::kGrouped) carveout = round_up(carveout, 128) - 127;
       change += fmt::format(" (or StageCountAutoCarveout<{}> or more)", carveout);
     }
-    add_alternative(v, arch, change, f, fmt::format("{} fewer pipeline stage(s) to hide memory latency", v.stages - s));
+    add_alternative(v, arch, change, f,
+                    fmt::format("{} fewer pipeline stage(s) to hide memory latency", v.stages - s));
     break;
   }
   CutlassConfig swapped = c;
@@ -512,8 +543,8 @@ CutlassKernel parse_cutlass_kernel(std::string_view name) {
   for (auto k : {CutlassKernel::kGrouped, CutlassKernel::kGroupedBlockScaled}) {
     if (cutlass_kernel_name(k) == name) return k;
   }
-  fail(Errc::kInvalidArgument, "unknown CUTLASS kernel '{}' (expected cutlass-grouped or cutlass-grouped-blockscaled)",
-       name);
+  fail(Errc::kInvalidArgument,
+       "unknown CUTLASS kernel '{}' (expected cutlass-grouped or cutlass-grouped-blockscaled)", name);
 }
 
 std::string_view cutlass_schedule_name(CutlassSchedule schedule) noexcept {
@@ -537,7 +568,8 @@ CutlassSchedule parse_cutlass_schedule(std::string_view name) {
                  CutlassSchedule::k1Sm, CutlassSchedule::k2Sm}) {
     if (cutlass_schedule_name(s) == name) return s;
   }
-  fail(Errc::kInvalidArgument, "unknown schedule '{}' (expected auto, cooperative, pingpong, 1sm or 2sm)", name);
+  fail(Errc::kInvalidArgument, "unknown schedule '{}' (expected auto, cooperative, pingpong, 1sm or 2sm)",
+       name);
 }
 
 std::string_view epilogue_name(Epilogue epilogue) noexcept {
@@ -550,7 +582,9 @@ Epilogue parse_epilogue(std::string_view name) {
   fail(Errc::kInvalidArgument, "unknown epilogue '{}' (expected none or finalize)", name);
 }
 
-std::string TileShape::to_string() const { return fmt::format("{}x{}x{}", m, n, k); }
+std::string TileShape::to_string() const {
+  return fmt::format("{}x{}x{}", m, n, k);
+}
 
 TileShape parse_tile(std::string_view text) {
   int v[3] = {0, 0, 0};
@@ -568,9 +602,9 @@ TileShape parse_tile(std::string_view text) {
 }
 
 std::string CutlassConfig::to_string() const {
-  return fmt::format("{} {} x {}, tile {}, epilogue {}, swap_ab {}, schedule {}, {}", cutlass_kernel_name(kernel),
-                     operand_name(a), operand_name(b), tile.to_string(), epilogue_name(epilogue),
-                     swap_ab ? "on" : "off", cutlass_schedule_name(schedule),
+  return fmt::format("{} {} x {}, tile {}, epilogue {}, swap_ab {}, schedule {}, {}",
+                     cutlass_kernel_name(kernel), operand_name(a), operand_name(b), tile.to_string(),
+                     epilogue_name(epilogue), swap_ab ? "on" : "off", cutlass_schedule_name(schedule),
                      stages > 0 ? fmt::format("StageCount<{}>", stages) : std::string("auto stages"));
 }
 
@@ -584,7 +618,10 @@ std::vector<TileShape> trtllm_sm120_tiles(Operand a, Operand b) {
   // K is given in bytes; FP4 x FP4 holds 2 elements per byte, anything with an 8-bit operand
   // stores both operands in 8-bit containers (one element per byte).
   const int per_byte = (operand_bits(a) == 4 && operand_bits(b) == 4) ? 2 : 1;
-  return {{128, 128, 128 * per_byte}, {128, 128, 64 * per_byte}, {128, 256, 64 * per_byte}, {256, 128, 64 * per_byte}};
+  return {{128, 128, 128 * per_byte},
+          {128, 128, 64 * per_byte},
+          {128, 256, 64 * per_byte},
+          {256, 128, 64 * per_byte}};
 }
 
 std::string CutlassVerdict::one_line() const {
@@ -592,16 +629,18 @@ std::string CutlassVerdict::one_line() const {
                                        config.swap_ab ? " swap_ab" : "");
   if (!supported) return fmt::format("{}: NOT SUPPORTED: {}", head, unsupported_reason);
   if (fits) {
-    return fmt::format("{}: fits {} B <= {} B ({} stages, {} B to spare){}", head, total_bytes, limit_bytes, stages,
-                       limit_bytes - total_bytes, estimated ? " [estimated]" : "");
+    return fmt::format("{}: fits {} B <= {} B ({} stages, {} B to spare){}", head, total_bytes, limit_bytes,
+                       stages, limit_bytes - total_bytes, estimated ? " [estimated]" : "");
   }
-  if (stages < kMinStages) return fmt::format("{}: DOES NOT COMPILE: {} stage(s) < {}", head, stages, kMinStages);
-  return fmt::format("{}: DOES NOT FIT {} B > {} B ({} stages, over by {} B){}", head, total_bytes, limit_bytes,
-                     stages, over_by_bytes, estimated ? " [estimated]" : "");
+  if (stages < kMinStages)
+    return fmt::format("{}: DOES NOT COMPILE: {} stage(s) < {}", head, stages, kMinStages);
+  return fmt::format("{}: DOES NOT FIT {} B > {} B ({} stages, over by {} B){}", head, total_bytes,
+                     limit_bytes, stages, over_by_bytes, estimated ? " [estimated]" : "");
 }
 
 std::string CutlassVerdict::to_string() const {
-  std::string s = fmt::format("{} on {}\n  {}\n", cutlass_kernel_name(config.kernel), arch, config.to_string());
+  std::string s =
+      fmt::format("{} on {}\n  {}\n", cutlass_kernel_name(config.kernel), arch, config.to_string());
   if (!supported) return s + "  verdict: NOT SUPPORTED: " + unsupported_reason + "\n";
   s += fmt::format("  model: {}{}\n\n", model, estimated ? " [estimated: see docs/PLANNER.md]" : "");
   s += fmt::format("  {}{:>8}\n", pad("one mainloop stage", 94), "bytes");
@@ -612,13 +651,15 @@ std::string CutlassVerdict::to_string() const {
                    epilogue_tile, epilogue_stages_c, epilogue_stages_d);
   for (const auto& t : epilogue_terms) s += term_line(t, std::nullopt);
   s += fmt::format("    {}{:>8}\n\n", pad("carveout", 92), carveout_bytes);
-  s += fmt::format("  {}{:>8}{:>9}\n", pad("kernel shared storage (what the launch asks for)", 94), "bytes", "total");
+  s += fmt::format("  {}{:>8}{:>9}\n", pad("kernel shared storage (what the launch asks for)", 94), "bytes",
+                   "total");
   i64 running = 0;
   for (const auto& t : kernel_terms) {
     running += t.bytes;
     s += term_line(t, running);
   }
-  s += fmt::format("  total {} B; limit {} B ({} opt-in shared memory per block)\n\n", total_bytes, limit_bytes, arch);
+  s += fmt::format("  total {} B; limit {} B ({} opt-in shared memory per block)\n\n", total_bytes,
+                   limit_bytes, arch);
   if (fits) {
     s += fmt::format("  verdict: FITS ({} B to spare)\n", limit_bytes - total_bytes);
   } else if (stages < kMinStages) {
@@ -631,9 +672,10 @@ std::string CutlassVerdict::to_string() const {
   std::string fit_lines;
   std::string other_lines;
   for (const auto& a : alternatives) {
-    std::string line = fmt::format("    {}{:>8} B  {} stages  {}\n", pad(a.change, 60), a.total_bytes, a.stages,
-                                   a.fits ? fmt::format("fits ({} B to spare); {}", limit_bytes - a.total_bytes, a.note)
-                                          : fmt::format("over by {} B", a.total_bytes - limit_bytes));
+    std::string line =
+        fmt::format("    {}{:>8} B  {} stages  {}\n", pad(a.change, 60), a.total_bytes, a.stages,
+                    a.fits ? fmt::format("fits ({} B to spare); {}", limit_bytes - a.total_bytes, a.note)
+                           : fmt::format("over by {} B", a.total_bytes - limit_bytes));
     (a.fits ? fit_lines : other_lines) += line;
   }
   s += fit_lines.empty() ? "  fixes that fit: none of the ones tried\n" : "  fixes that fit:\n" + fit_lines;
