@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/fail.hpp"
@@ -82,7 +83,7 @@ Occupancy occupancy(const ArchInfo& arch, std::int64_t smem_per_block, int threa
   Occupancy o;
   o.by_block_limit = arch.max_blocks_per_sm;
   const std::int64_t smem = smem_per_block + arch.smem_reserved_per_block;
-  o.by_smem = static_cast<int>(std::min<std::int64_t>(arch.smem_per_sm / smem, arch.max_blocks_per_sm));
+  o.by_smem = smem > 0 ? static_cast<int>(arch.smem_per_sm / smem) : std::numeric_limits<int>::max();
   const int warps = (threads + 31) / 32;
   o.by_threads = warps > 0 ? (arch.max_threads_per_sm / 32) / warps : 0;
   if (registers_per_thread > 0) {
@@ -113,9 +114,10 @@ CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, co
   c.smem_how = spec.smem_how;
   c.threads = spec.threads;
   if (resources != nullptr && resources->source != ResourceSource::kNone) {
-    // The most specific entry: all of the instance's numbers, else fewer trailing ones (an
-    // entry for another epilogue of the same tile is a close, conservative stand-in).
-    for (std::size_t len = spec.resource_key.size(); len >= 1; --len) {
+    // The entry with all of the instance's numbers, else one that differs only in the last (for
+    // the stream GEMM: another epilogue of the same tile, a close stand-in).
+    const std::size_t n = spec.resource_key.size();
+    for (std::size_t len = n; len >= 1 && len + 1 >= n; --len) {
       const std::vector<int> key(spec.resource_key.begin(),
                                  spec.resource_key.begin() + static_cast<long>(len));
       if (const auto* r = resources->find(family.kernel_prefix(), key, arch.sm)) {
