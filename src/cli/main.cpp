@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   fp4moe::cli::register_info(app);
   fp4moe::cli::register_explain(app);
   fp4moe::cli::register_plan(app);
+  fp4moe::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
