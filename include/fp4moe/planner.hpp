@@ -151,8 +151,9 @@ struct KernelExplanation {
   CandidateVerdict verdict;
   std::vector<ByteTerm> smem_terms;
   std::int64_t limit_bytes = 0;
-  // When it does not fit: the same compiled instance with other launch parameters that fit, the
-  // most shared memory first (deepest pipelines), at most three.
+  // When it does not fit: for each launch parameter, the configuration of the same compiled
+  // instance that differs in that parameter only, fits, and keeps the most shared memory
+  // (e.g. fewer stages; fewer warps).
   std::vector<CandidateVerdict> alternatives;
   std::string to_string() const;
   std::string to_json()

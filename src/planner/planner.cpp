@@ -14,7 +14,6 @@ namespace fp4moe {
 namespace {
 
 constexpr double kCostTie = 0.01;
-constexpr std::size_t kMaxAlternatives = 3;
 
 std::string_view weight_format_label(WeightFormat format) {
   return format == WeightFormat::kNvfp4 ? "nvfp4" : "mxfp4";
@@ -235,14 +234,21 @@ KernelExplanation explain_kernel(std::string_view family, std::string_view confi
   e.smem_terms = f.smem_terms(spec);
   e.limit_bytes = arch.smem_per_block_optin;
   if (e.verdict.feasible) return e;
-  for (const auto& other : f.configs()) {
-    if (other.resource_key != spec.resource_key || other.label == spec.label) continue;
-    auto v = planner::judge(f, other, arch, resources);
-    if (v.feasible) e.alternatives.push_back(std::move(v));
+  // One alternative per launch parameter: the configuration of the same compiled instance that
+  // differs from this one in that parameter only, fits, and keeps the most shared memory.
+  const auto configs = f.configs();
+  for (std::size_t i = 0; i < spec.params.size(); ++i) {
+    const planner::CandidateSpec* pick = nullptr;
+    for (const auto& other : configs) {
+      if (other.resource_key != spec.resource_key || other.params.size() != spec.params.size()) continue;
+      bool only_i = other.params[i] != spec.params[i];
+      for (std::size_t j = 0; j < spec.params.size() && only_i; ++j)
+        only_i = j == i || other.params[j] == spec.params[j];
+      if (!only_i || (pick != nullptr && other.dynamic_smem_bytes <= pick->dynamic_smem_bytes)) continue;
+      if (planner::judge(f, other, arch, resources).feasible) pick = &other;
+    }
+    if (pick != nullptr) e.alternatives.push_back(planner::judge(f, *pick, arch, resources));
   }
-  std::stable_sort(e.alternatives.begin(), e.alternatives.end(),
-                   [](const auto& x, const auto& y) { return x.dynamic_smem_bytes > y.dynamic_smem_bytes; });
-  if (e.alternatives.size() > kMaxAlternatives) e.alternatives.resize(kMaxAlternatives);
   return e;
 }
 
@@ -269,7 +275,7 @@ std::string KernelExplanation::to_string() const {
                                 limit_bytes - v.dynamic_smem_bytes - v.static_smem_bytes)
                   : "  verdict: DOES NOT FIT: " + v.reason + "\n";
   if (!v.feasible && !alternatives.empty()) {
-    s += "  fixes that fit (same compiled instance):\n";
+    s += "  fixes that fit (the same compiled instance, one launch parameter changed):\n";
     for (const auto& a : alternatives) {
       s += fmt::format("    {:<16}{:>8} B  {}, {} block(s) per SM\n", a.label,
                        a.dynamic_smem_bytes + a.static_smem_bytes, a.smem_how, a.occupancy.blocks_per_sm);

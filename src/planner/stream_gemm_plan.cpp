@@ -30,7 +30,8 @@ int param(const CandidateSpec& spec, std::string_view name) {
 }
 
 StreamGemmConfig config_of(const CandidateSpec& spec) {
-  return {param(spec, "m_tiles"), param(spec, "n_tiles"), param(spec, "stages"), param(spec, "warps")};
+  return {param(spec, "m_tiles"), param(spec, "n_tiles"), param(spec, "stages"), param(spec, "warps"),
+          param(spec, "k_split")};
 }
 
 bool compiled_tile(int m_tiles, int n_tiles) {
@@ -43,12 +44,26 @@ bool compiled_tile(int m_tiles, int n_tiles) {
 CandidateSpec make_spec(const StreamGemmConfig& c) {
   CandidateSpec s;
   s.label = stream_gemm_label(c);
-  s.params = {{"m_tiles", c.m_tiles}, {"n_tiles", c.n_tiles}, {"stages", c.stages}, {"warps", c.warps}};
+  s.params = {{"m_tiles", c.m_tiles},
+              {"n_tiles", c.n_tiles},
+              {"k_split", c.k_split},
+              {"stages", c.stages},
+              {"warps", c.warps}};
   s.dynamic_smem_bytes = StreamGemmLayout::cta_bytes(c);
   s.smem_how =
       fmt::format("{} warps x {} stages x {} B", c.warps, c.stages, StreamGemmLayout::stage_bytes(c));
+  if (c.k_split > 1)
+    s.smem_how += fmt::format(" + {} x {} B", c.warps, StreamGemmLayout::partial_bytes_per_warp(c));
   s.threads = StreamGemmLayout::threads(c);
   s.resource_key = {c.m_tiles, c.n_tiles};
+  if (!compiled_tile(c.m_tiles, c.n_tiles)) {
+    s.invalid = fmt::format("(m_tiles, n_tiles) = ({}, {}) is not a compiled instance", c.m_tiles, c.n_tiles);
+  } else if (!StreamGemmLayout::valid(c)) {
+    s.invalid = fmt::format(
+        "stages={} warps={} k_split={}: the kernel takes 2..16 stages, 1..8 warps and a K split "
+        "of 1, 2, 4 or 8 that divides the warps",
+        c.stages, c.warps, c.k_split);
+  }
   return s;
 }
 
@@ -70,34 +85,25 @@ class StreamGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    // "m1 n2 s8 w4" or "m1,n2,s8,w4": four fields, each a letter and a number.
-    int v[4] = {0, 0, 0, 0};
-    const char letters[4] = {'m', 'n', 's', 'w'};
+    // "m1 n2 k1 s8 w4" or "m1,n2,k1,s8,w4": five fields, each a letter and a number.
+    int v[5] = {0, 0, 0, 0, 0};
+    const char letters[5] = {'m', 'n', 'k', 's', 'w'};
     std::size_t pos = 0;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
       while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
       const bool letter_ok = pos < config.size() && config[pos] == letters[i];
       const char* begin = config.data() + pos + 1;
       const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
                                : std::from_chars_result{begin, std::errc::invalid_argument};
       require(letter_ok && r.ec == std::errc() && v[i] > 0,
-              "stream-gemm config '{}' is not 'm<m_tiles> n<n_tiles> s<stages> w<warps>' (e.g. m1 n1 s8 w8)",
+              "stream-gemm config '{}' is not 'm<m_tiles> n<n_tiles> k<k_split> s<stages> w<warps>' (e.g. m4 "
+              "n1 k2 "
+              "s4 w8)",
               config);
       pos = static_cast<std::size_t>(r.ptr - config.data());
     }
     require(pos == config.size(), "stream-gemm config '{}' has text after the warps field", config);
-    const StreamGemmConfig c{v[0], v[1], v[2], v[3]};
-    auto s = make_spec(c);
-    if (!compiled_tile(c.m_tiles, c.n_tiles)) {
-      s.invalid =
-          fmt::format("(m_tiles, n_tiles) = ({}, {}) is not a compiled instance", c.m_tiles, c.n_tiles);
-    } else if (c.warps > 8 || c.stages < 2 || c.stages > 16) {
-      s.invalid = fmt::format(
-          "warps={} stages={}: the kernel takes 1..8 warps (__launch_bounds__(256)) and 2..16 "
-          "stages",
-          c.warps, c.stages);
-    }
-    return s;
+    return make_spec({v[0], v[1], v[3], v[4], v[2]});
   }
 
   std::vector<ByteTerm> smem_terms(const CandidateSpec& spec) const override {
@@ -115,8 +121,11 @@ class StreamGemmFamily final : public KernelFamily {
         {fmt::format("round up to {}", StreamGemmLayout::kStageAlign), stage - raw, "stage alignment", true},
         {"the ring's other stages", static_cast<std::int64_t>(StreamGemmLayout::warp_bytes(c)) - stage,
          fmt::format("{} x {} B (a ring of {} per warp)", c.stages - 1, stage, c.stages)},
-        {"the other warps' rings", StreamGemmLayout::cta_bytes(c) - StreamGemmLayout::warp_bytes(c),
+        {"the other warps' rings", StreamGemmLayout::reduction_offset(c) - StreamGemmLayout::warp_bytes(c),
          fmt::format("{} x {} B ({} warps)", c.warps - 1, StreamGemmLayout::warp_bytes(c), c.warps)},
+        {"K-split reduction area", StreamGemmLayout::cta_bytes(c) - StreamGemmLayout::reduction_offset(c),
+         fmt::format("{} warps x {} B (fp32 partials when K is split)", c.warps,
+                     StreamGemmLayout::partial_bytes_per_warp(c))},
     };
   }
 
@@ -128,27 +137,27 @@ class StreamGemmFamily final : public KernelFamily {
     const double row_blocks = rows / (16.0 * c.m_tiles);
     const double blocks_per_expert = std::ceil(p.tokens_per_expert / (8.0 * c.n_tiles));
     const double items = std::max(1.0, std::ceil(p.active_experts * blocks_per_expert * row_blocks));
-    // Bytes one work item streams: its weight rows (and scales) over K, and its real tokens'
-    // activations (padding rows of a token block are not loaded).
-    const double weight_item =
-        c.m_tiles * chunks * (StreamGemmLayout::kWeightTileBytes + StreamGemmLayout::kScaleTileBytes);
-    const double act_item =
-        p.tokens_per_expert / blocks_per_expert * chunks * StreamGemmLayout::kChunkK * 2.0;
-    const double l2_item = weight_item + act_item;
+    // Bytes one work item streams, per 64-value chunk of K: its weight rows and scales, and its
+    // real tokens' activations (padding rows of a token block are not loaded).
+    const double weight_chunk =
+        c.m_tiles * (StreamGemmLayout::kWeightTileBytes + StreamGemmLayout::kScaleTileBytes);
+    const double act_chunk = p.tokens_per_expert / blocks_per_expert * StreamGemmLayout::kChunkK * 2.0;
+    const double l2_item = (weight_chunk + act_chunk) * chunks;
     // DRAM: every active expert's weights once (further token blocks re-read them from L2), the
     // activations once, the outputs once: gate_up writes SwiGLU(gate, up) in bf16 (N/2 values per
     // slot), down writes fp32.
     const double slots = static_cast<double>(p.tokens * p.top_k);
     const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
-    const double dram = p.active_experts * row_blocks * weight_item + slots * p.k * 2.0 + out_bytes;
+    const double dram = p.active_experts * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
     const double dram_item = dram / items;
-    // Work items go round-robin to every resident warp; a round with b busy warps takes the
-    // longest of its DRAM bytes, its L2->SM bytes, and one item at the latency-bound rate of a
-    // single warp (its ring in flight per memory latency).
-    const double warps = static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm * c.warps;
-    // What a warp's ring actually has in flight: its weights and scales and the real tokens of
-    // the block (not the stage's padding).
-    const double in_flight = c.stages * (weight_item + act_item) / chunks;
+    // Work items go round-robin to every resident group of k_split warps; each warp of a group
+    // streams its share of the item's chunks. A round with b busy groups takes the longest of its
+    // DRAM bytes, its L2->SM bytes, and one warp's share at the latency-bound rate of one warp
+    // (its ring in flight per memory latency).
+    const double groups =
+        static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm * (c.warps / c.k_split);
+    const double warp_chunks = std::ceil(chunks / c.k_split);
+    const double in_flight = c.stages * (weight_chunk + act_chunk);
     struct Round {
       double t_dram, t_l2, t_latency, t;
     };
@@ -156,25 +165,26 @@ class StreamGemmFamily final : public KernelFamily {
       Round r{};
       r.t_dram = busy * dram_item / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
       r.t_l2 = busy * l2_item / (arch.l2_bandwidth_gbs * 1e3);
-      r.t_latency = l2_item * arch.memory_latency_ns * 1e-3 / in_flight;
+      r.t_latency = warp_chunks * (weight_chunk + act_chunk) * arch.memory_latency_ns * 1e-3 / in_flight;
       r.t = std::max({r.t_dram, r.t_l2, r.t_latency});
       return r;
     };
-    const double full_rounds = std::floor(items / warps);
-    const double rest = items - full_rounds * warps;
-    const Round first = round(full_rounds > 0 ? warps : rest);
-    const double t = full_rounds * round(warps).t + (rest > 0 ? round(rest).t : 0.0);
+    const double full_rounds = std::floor(items / groups);
+    const double rest = items - full_rounds * groups;
+    const Round first = round(full_rounds > 0 ? groups : rest);
+    const double t = full_rounds * round(groups).t + (rest > 0 ? round(rest).t : 0.0);
     const char* bound = first.t == first.t_dram ? "DRAM" : first.t == first.t_l2 ? "L2" : "latency";
     CostEstimate e;
     e.us = t;
     e.how = fmt::format(
-        "{}-bound: {:.0f} items on {:.0f} warps ({:.0f} full round(s) + {:.0f} items); a round: DRAM {:.2f} "
-        "us, "
-        "L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp); {:.2f} MB from DRAM at {:.0f} "
+        "{}-bound: {:.0f} items on {:.0f} groups of {} warp(s) ({:.0f} full round(s) + {:.0f} items); a "
+        "round: DRAM "
+        "{:.2f} us, L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp); {:.2f} MB from DRAM "
+        "at {:.0f} "
         "GB/s",
-        bound, items, warps, full_rounds, rest, first.t_dram, first.t_l2, first.t_latency, in_flight,
-        dram / 1e6, arch.dram_bandwidth_gbs);
-    e.in_flight_total = in_flight * std::min(items, warps);
+        bound, items, groups, c.k_split, full_rounds, rest, first.t_dram, first.t_l2, first.t_latency,
+        in_flight, dram / 1e6, arch.dram_bandwidth_gbs);
+    e.in_flight_total = in_flight * std::min(items, groups) * std::min<double>(c.k_split, chunks);
     return e;
   }
 };
@@ -185,14 +195,19 @@ std::vector<StreamGemmConfig> stream_gemm_candidates() {
   std::vector<StreamGemmConfig> out;
   for (const auto& shape : kStreamGemmTileShapes) {
     for (int warps : kStreamGemmWarps) {
-      for (int stages : kStreamGemmStages) out.push_back({shape[0], shape[1], stages, warps});
+      for (int k_split : kStreamGemmKSplits) {
+        for (int stages : kStreamGemmStages) {
+          const StreamGemmConfig c{shape[0], shape[1], stages, warps, k_split};
+          if (StreamGemmLayout::valid(c)) out.push_back(c);
+        }
+      }
     }
   }
   return out;
 }
 
 std::string stream_gemm_label(const StreamGemmConfig& c) {
-  return fmt::format("m{} n{} s{} w{}", c.m_tiles, c.n_tiles, c.stages, c.warps);
+  return fmt::format("m{} n{} k{} s{} w{}", c.m_tiles, c.n_tiles, c.k_split, c.stages, c.warps);
 }
 
 std::string stream_gemm_kernel_key(int m_tiles, int n_tiles, int epilogue) {

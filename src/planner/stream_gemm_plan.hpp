@@ -16,15 +16,16 @@ namespace fp4moe::planner {
 // instances compiled into the library; that header needs the CUDA runtime, this one must not).
 inline constexpr int kStreamGemmTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2},
                                                    {2, 2}, {4, 2}, {1, 4}, {2, 4}};
-// Stages and warps are launch-time values (the kernel takes them as arguments): the candidates
-// span what stream_gemm_setup accepts (warps 1..8 under __launch_bounds__(256), stages 2..16).
-inline constexpr int kStreamGemmStages[] = {2, 3, 4, 6, 8, 12};
+// Stages, warps and the K split are launch-time values (kernel arguments and the block size):
+// the candidates are those of these that StreamGemmLayout::valid accepts.
+inline constexpr int kStreamGemmStages[] = {2, 3, 4, 6, 8};
 inline constexpr int kStreamGemmWarps[] = {4, 8};
+inline constexpr int kStreamGemmKSplits[] = {1, 2, 4, 8};
 
 // Every candidate, in the order the plan lists them.
 std::vector<kernels::StreamGemmConfig> stream_gemm_candidates();
 
-// "m1 n2 s8 w4"
+// "m1 n2 k2 s8 w4": m_tiles, n_tiles, k_split (warps sharing one item), stages, warps.
 std::string stream_gemm_label(const kernels::StreamGemmConfig& config);
 
 // The name a measured KernelResources entry should carry for an instance: the kernel's template

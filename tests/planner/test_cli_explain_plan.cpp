@@ -102,14 +102,14 @@ TEST(CliExplain, RefusalsAndUnsupportedConfigs) {
 }
 
 TEST(CliExplain, OwnKernelFromItsLayout) {
-  const auto r = run_cli("explain --arch sm_120 --kernel stream-gemm --config \"m1 n1 s8 w8\" --json");
+  const auto r = run_cli("explain --arch sm_120 --kernel stream-gemm --config \"m1 n1 k1 s8 w8\" --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j.at("fits"), false);
   EXPECT_EQ(j.at("total_bytes"), 106496);
   EXPECT_EQ(j.at("over_by_bytes"), 5120);
   EXPECT_EQ(j.at("stages"), 8);
-  EXPECT_FALSE(j.at("alternatives").empty());
+  EXPECT_EQ(j.at("alternatives").size(), 2u);
   const auto bad = run_cli("explain --arch sm_120 --kernel stream-gemm");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.output, HasSubstr("needs --config"));
