@@ -13,6 +13,7 @@ Output: {"generator": ..., "kernels": [{"name", "mangled", "arch", "registers", 
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -74,20 +75,27 @@ def demangle(kernels, demangler):
         k["name"] = name
 
 
+def compile_one(args, tmp, source, arch):
+    out = os.path.join(tmp, f"{os.path.basename(source)}.{arch}.cubin")
+    cmd = [args.nvcc, "-cubin", "--resource-usage", "-std=c++" + args.std,
+           "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-o", out]
+    cmd += [f"-I{d}" for d in args.include] + args.flag + [source]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return cmd, r
+
+
 def compile_and_parse(args):
+    """Compiles every (source, arch) pair, a few at a time, and parses them in a fixed order."""
+    jobs = [(source, arch) for source in args.sources for arch in args.arch]
     kernels = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for source in args.sources:
-            for arch in args.arch:
-                cmd = [args.nvcc, "-cubin", "--resource-usage", "-std=c++" + args.std,
-                       "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-o", os.path.join(tmp, "out.cubin")]
-                cmd += [f"-I{d}" for d in args.include] + args.flag + [source]
-                r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if r.returncode != 0:
-                    sys.stderr.write(f"resource_report.py: {' '.join(cmd)} failed ({r.returncode}):\n"
-                                     f"{r.stdout}{r.stderr}")
-                    sys.exit(1)
-                kernels += parse_log(r.stdout + r.stderr, os.path.relpath(source, args.root) if args.root else source)
+    with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda job: compile_one(args, tmp, *job), jobs))
+        for (source, _), (cmd, r) in zip(jobs, results):
+            if r.returncode != 0:
+                sys.stderr.write(f"resource_report.py: {' '.join(cmd)} failed ({r.returncode}):\n"
+                                 f"{r.stdout}{r.stderr}")
+                sys.exit(1)
+            kernels += parse_log(r.stdout + r.stderr, os.path.relpath(source, args.root) if args.root else source)
     return kernels
 
 
@@ -101,6 +109,7 @@ def main():
     p.add_argument("--flag", action="append", default=[], help="extra nvcc flag (repeat)")
     p.add_argument("--demangler", default=shutil.which("cu++filt") or shutil.which("c++filt") or "")
     p.add_argument("--root", help="sources are recorded relative to this directory")
+    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="nvcc processes at once")
     p.add_argument("--parse-log", help="parse this saved ptxas log instead of compiling")
     p.add_argument("sources", nargs="*")
     args = p.parse_args()

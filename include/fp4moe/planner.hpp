@@ -47,7 +47,7 @@ struct GemmProblem {
   // "gate_up N=4096 K=6144, 256 experts top-8, 16 tokens: 106.9 active experts x 1.20 tokens"
   std::string to_string() const;
 };
-// Throws Error naming the first bad value (non-positive sizes, top_k > experts, tokens < 1).
+// Throws Error naming the first bad value (LayerDesc::validate's rules, then tokens >= 1).
 GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmKind kind);
 
 // ---- registers and static shared memory of compiled kernels ----------------------------------
@@ -141,7 +141,9 @@ struct Plan {
   // The chosen candidate; throws Error (kDoesNotFit) with the numbers of the closest candidate
   // when none is feasible.
   const CandidateVerdict& best() const;
-  std::string to_string() const;  // table of candidates, the pick and why, the rejected with reasons
+  // Table of the feasible candidates (all, or the `top` cheapest), the pick and why, and the
+  // rejected with their reasons.
+  std::string to_string(int top = 0) const;
   std::string to_json() const;
 };
 

@@ -3,7 +3,6 @@
 // pick, and the rejected ones with their reasons.
 #include <fmt/format.h>
 
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -21,7 +20,13 @@ namespace {
 struct PlanOptions {
   std::string arch = "local";
   std::string family = "stream-gemm";
-  LayerDesc layer;
+  std::string preset;
+  std::int64_t hidden = 0;
+  std::int64_t intermediate = 0;
+  std::int64_t experts = 0;
+  std::int64_t top_k = 0;
+  std::string format;
+  std::string activation;
   std::vector<std::int64_t> tokens;
   std::string gemm = "both";
   std::string resources;
@@ -29,10 +34,32 @@ struct PlanOptions {
   double dram_gbs = 0;
   double l2_gbs = 0;
   int sms = 0;
+  int top = 0;
   bool json = false;
 };
 
+// The layer: a preset, with any size given on the command line replacing the preset's.
+LayerDesc layer_of(const PlanOptions& o) {
+  LayerDesc d;
+  if (!o.preset.empty()) {
+    d = layer_preset(o.preset);
+  } else {
+    require(
+        o.hidden > 0 && o.intermediate > 0 && o.experts > 0 && o.top_k > 0,
+        "plan needs --preset or all of --hidden, --intermediate, --experts and --top-k (got {}, {}, {}, {})",
+        o.hidden, o.intermediate, o.experts, o.top_k);
+  }
+  if (o.hidden > 0) d.hidden = o.hidden;
+  if (o.intermediate > 0) d.intermediate = o.intermediate;
+  if (o.experts > 0) d.experts = o.experts;
+  if (o.top_k > 0) d.top_k = o.top_k;
+  if (!o.format.empty()) d.format = parse_weight_format(o.format);
+  if (!o.activation.empty()) d.activation = parse_activation(o.activation);
+  return d;
+}
+
 void run_plan(const PlanOptions& o) {
+  const LayerDesc layer = layer_of(o);
   ArchInfo arch = resolve_arch(o.arch);
   if (o.dram_gbs > 0) {
     arch.notes.push_back(fmt::format("DRAM bandwidth {} GB/s given on the command line", o.dram_gbs));
@@ -59,15 +86,15 @@ void run_plan(const PlanOptions& o) {
   if (o.gemm != "both") kinds = {parse_gemm_kind(o.gemm)};
   auto plans = nlohmann::json::array();
   if (!o.json) {
-    fmt::print("{}", arch.to_string());
+    fmt::print("layer: {}\n{}", layer.to_string(), arch.to_string());
   }
   for (const auto t : o.tokens) {
     for (const auto kind : kinds) {
-      const Plan plan = plan_kernels(o.family, make_gemm_problem(o.layer, t, kind), arch, resources);
+      const Plan plan = plan_kernels(o.family, make_gemm_problem(layer, t, kind), arch, resources);
       if (o.json) {
         plans.push_back(nlohmann::json::parse(plan.to_json()));
       } else {
-        fmt::print("\n{}", plan.to_string());
+        fmt::print("\n{}", plan.to_string(o.top));
       }
     }
   }
@@ -91,18 +118,15 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--arch", o->arch, "Architecture (sm_80 ... sm_121) or 'local' for GPU 0")
       ->capture_default_str();
   cmd->add_option("--family", o->family, "Kernel family (stream-gemm)")->capture_default_str();
-  cmd->add_option("--hidden", o->layer.hidden, "Hidden size H")->required();
-  cmd->add_option("--intermediate", o->layer.intermediate, "Intermediate size I of one expert")->required();
-  cmd->add_option("--experts", o->layer.experts, "Routed experts E")->required();
-  cmd->add_option("--top-k", o->layer.top_k, "Experts per token")->required();
-  const std::map<std::string, WeightFormat> formats = {{"nvfp4", WeightFormat::kNvfp4},
-                                                       {"mxfp4", WeightFormat::kMxfp4}};
-  cmd->add_option("--format", o->layer.format, "Weight format: nvfp4 or mxfp4")
-      ->transform(CLI::CheckedTransformer(formats, CLI::ignore_case));
-  const std::map<std::string, Activation> activations = {{"swiglu", Activation::kSwiGLU},
-                                                         {"swiglu-clamped", Activation::kSwiGLUClamped}};
-  cmd->add_option("--activation", o->layer.activation, "swiglu or swiglu-clamped (gpt-oss)")
-      ->transform(CLI::CheckedTransformer(activations, CLI::ignore_case));
+  std::string presets;
+  for (const auto& n : layer_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  cmd->add_option("--preset", o->preset, "Layer shape of a model: " + presets);
+  cmd->add_option("--hidden", o->hidden, "Hidden size H (replaces the preset's)");
+  cmd->add_option("--intermediate", o->intermediate, "Intermediate size I of one expert");
+  cmd->add_option("--experts", o->experts, "Routed experts E");
+  cmd->add_option("--top-k", o->top_k, "Experts per token");
+  cmd->add_option("--format", o->format, "Weight format: nvfp4 or mxfp4");
+  cmd->add_option("--activation", o->activation, "swiglu or swiglu-clamped (gpt-oss)");
   cmd->add_option("--tokens", o->tokens, "Token count(s), e.g. --tokens 1 16 256")
       ->required()
       ->expected(1, -1);
@@ -115,6 +139,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--dram-gbs", o->dram_gbs, "Override the DRAM bandwidth, GB/s");
   cmd->add_option("--l2-gbs", o->l2_gbs, "Override the L2 bandwidth, GB/s");
   cmd->add_option("--sms", o->sms, "Override the SM count");
+  cmd->add_option("--top", o->top, "Print only the N cheapest feasible configs (and the pick); 0: all")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object with every plan");
   cmd->callback([o] { run_plan(*o); });
 }

@@ -15,10 +15,6 @@ namespace {
 
 constexpr double kCostTie = 0.01;
 
-std::string_view weight_format_label(WeightFormat format) {
-  return format == WeightFormat::kNvfp4 ? "nvfp4" : "mxfp4";
-}
-
 // The family list: add a family here (and its adapter) and `fp4moe plan` knows it.
 std::vector<const planner::KernelFamily*> families() {
   return {&planner::stream_gemm_family()};
@@ -49,16 +45,12 @@ GemmKind parse_gemm_kind(std::string_view name) {
 
 std::string GemmProblem::to_string() const {
   return fmt::format("{} N={} K={} {}, {} experts top-{}, {} tokens: {:.1f} active experts x {:.2f} tokens",
-                     gemm_kind_name(kind), n, k, weight_format_label(format), experts, top_k, tokens,
-                     active_experts, tokens_per_expert);
+                     gemm_kind_name(kind), n, k, format_name(format), experts, top_k, tokens, active_experts,
+                     tokens_per_expert);
 }
 
 GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmKind kind) {
-  require(layer.hidden > 0, "hidden={} must be positive", layer.hidden);
-  require(layer.intermediate > 0, "intermediate={} must be positive", layer.intermediate);
-  require(layer.experts > 0, "experts={} must be positive", layer.experts);
-  require(layer.top_k >= 1 && layer.top_k <= layer.experts, "top_k={} must be in 1..experts={}", layer.top_k,
-          layer.experts);
+  layer.validate();
   require(tokens >= 1, "tokens={}: a plan needs at least 1 token", tokens);
   GemmProblem p;
   p.kind = kind;
@@ -333,26 +325,40 @@ const CandidateVerdict& Plan::best() const {
        problem.to_string(), arch, candidates.size(), closest->label, closest->reason);
 }
 
-std::string Plan::to_string() const {
+std::string Plan::to_string(int top) const {
   std::string s = fmt::format("plan: {} for {}\n  on {} ({})\n  {}\n", family, problem.to_string(), arch,
                               arch_source, resources_note);
-  s += fmt::format("  {:<14}{:>9}  {:<32}{:>8}{:>6}  {:<22}{:>11}  {}\n", "config", "smem B", "(layout)",
+  s += fmt::format("  {:<16}{:>9}  {:<44}{:>8}{:>6}  {:<22}{:>11}  {}\n", "config", "smem B", "(layout)",
                    "threads", "regs", "blocks/SM (limit)", "est. us", "verdict");
   const auto row = [&](const CandidateVerdict& c, std::string_view verdict) {
-    return fmt::format("  {:<14}{:>9}  {:<32}{:>8}{:>6}  {:<22}{:>11}  {}\n", c.label,
+    return fmt::format("  {:<16}{:>9}  {:<44}{:>8}{:>6}  {:<22}{:>11}  {}\n", c.label,
                        c.dynamic_smem_bytes + c.static_smem_bytes, c.smem_how, c.threads,
                        c.registers > 0 ? std::to_string(c.registers) : std::string("?"),
                        occupancy_text(c.occupancy),
                        c.feasible ? fmt::format("{:.2f}", c.cost_us) : std::string("-"), verdict);
   };
   std::string rejected;
+  std::vector<std::size_t> feasible;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    const auto& c = candidates[i];
-    if (c.feasible) {
-      s += row(c, static_cast<int>(i) == chosen ? "ok  <- chosen" : "ok");
+    if (candidates[i].feasible) {
+      feasible.push_back(i);
     } else {
-      rejected += fmt::format("    {}: {}\n", c.label, c.reason);
+      rejected += fmt::format("    {}: {}\n", candidates[i].label, candidates[i].reason);
     }
+  }
+  if (top > 0 && static_cast<std::size_t>(top) < feasible.size()) {
+    std::stable_sort(feasible.begin(), feasible.end(), [&](std::size_t x, std::size_t y) {
+      return candidates[x].cost_us < candidates[y].cost_us;
+    });
+    feasible.resize(static_cast<std::size_t>(top));
+    if (ok() &&
+        std::find(feasible.begin(), feasible.end(), static_cast<std::size_t>(chosen)) == feasible.end()) {
+      feasible.push_back(static_cast<std::size_t>(chosen));
+    }
+    std::sort(feasible.begin(), feasible.end());
+  }
+  for (const auto i : feasible) {
+    s += row(candidates[i], static_cast<int>(i) == chosen ? "ok  <- chosen" : "ok");
   }
   if (ok()) {
     const auto& b = best();
@@ -377,7 +383,7 @@ std::string Plan::to_json() const {
                   {"experts", problem.experts},
                   {"top_k", problem.top_k},
                   {"tokens", problem.tokens},
-                  {"format", std::string(weight_format_label(problem.format))},
+                  {"format", std::string(format_name(problem.format))},
                   {"active_experts", problem.active_experts},
                   {"tokens_per_expert", problem.tokens_per_expert}};
   auto arr = nlohmann::json::array();

@@ -155,7 +155,7 @@ TEST(CliPlan, OverridesAndRefusals) {
   EXPECT_THAT(bad.output, HasSubstr("tokens=0: a plan needs at least 1 token"));
   bad = run_cli("plan --arch sm_120 --hidden 6144 --intermediate 2048 --experts 8 --top-k 9 --tokens 1");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_THAT(bad.output, HasSubstr("top_k=9 must be in 1..experts=8"));
+  EXPECT_THAT(bad.output, HasSubstr("top_k=9 must be between 1 and experts=8"));
   bad = run_cli(std::string(kGlm5) + " --tokens 1 --resources /nonexistent.json");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.output, HasSubstr("cannot open the resource report /nonexistent.json"));
