@@ -667,7 +667,7 @@ std::string CutlassVerdict::to_string() const {
   } else {
     s += fmt::format("  verdict: DOES NOT FIT: over by {} B\n", over_by_bytes);
   }
-  s += "  cause: " + reason + "\n";
+  if (!fits) s += "  cause: " + reason + "\n";
   if (alternatives.empty()) return s;
   std::string fit_lines;
   std::string other_lines;
