@@ -2,11 +2,13 @@
 // by cmake/resource_report.py from ptxas --resource-usage) and the lookup by kernel name.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "common/fail.hpp"
 #include "fp4moe/planner.hpp"

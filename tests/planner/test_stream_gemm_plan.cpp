@@ -123,8 +123,7 @@ TEST(StreamGemmPlan, SharedMemoryIsTheKernelLayoutsOwnNumber) {
 }
 
 TEST(StreamGemmPlan, EveryAcceptedConfigFitsItsArchitecture) {
-  const std::vector<LayerDesc> layers = {glm5(), layer(2880, 2880, 128, 4), layer(2048, 768, 128, 8),
-                                         layer(4096, 14336, 8, 2)};
+  const std::vector<LayerDesc> layers = {glm5(), layer(2880, 2880, 128, 4), layer(4096, 14336, 8, 2)};
   KernelResources measured;
   measured.source = ResourceSource::kMeasured;
   measured.origin = "test";
@@ -132,14 +131,14 @@ TEST(StreamGemmPlan, EveryAcceptedConfigFitsItsArchitecture) {
   for (const auto& a : arch_table()) {
     for (const auto& l : layers) {
       for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
-        for (std::int64_t t : {1, 7, 64, 4096}) {
+        for (std::int64_t t : {1, 7, 4096}) {
           // Alternate between no registers and a heavy register count per instance.
           measured.kernels.clear();
           for (const auto& shape : planner::kStreamGemmTileShapes) {
             measured.kernels.push_back({planner::stream_gemm_kernel_key(shape[0], shape[1], 0), a.sm,
                                         static_cast<int>(64 + 40 * shape[0] + 16 * shape[1]), 512, 0});
           }
-          const auto p = planner::plan_stream_gemm(l, t, kind, a, t % 2 ? &kNoResources : &measured);
+          const auto p = planner::plan_stream_gemm(l, t, kind, a, t == 7 ? &kNoResources : &measured);
           for (const auto& c : p.plan.candidates) {
             if (!c.feasible) {
               EXPECT_FALSE(c.reason.empty());
