@@ -7,6 +7,8 @@
 namespace fp4moe::cli {
 
 void register_info(CLI::App& app);
+void register_explain(CLI::App& app);
+void register_plan(CLI::App& app);
 void register_bench(CLI::App& app);
 
 }  // namespace fp4moe::cli
