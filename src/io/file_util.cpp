@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "common/fail.hpp"
 
@@ -56,6 +57,20 @@ void AtomicFile::commit() {
     ::unlink(temp_.c_str());
     fail(Errc::kIo, "cannot rename {} to {}: {}", temp_.string(), path_.string(), std::strerror(err));
   }
+}
+
+void copy_file_atomically(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) fail(Errc::kIo, "{}: cannot open: {}", from.string(), std::strerror(errno));
+  AtomicFile out(to);
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<std::size_t>(in.gcount());
+    out.write({reinterpret_cast<const std::uint8_t*>(buffer.data()), n});
+  }
+  if (in.bad()) fail(Errc::kIo, "{}: read failed", from.string());
+  out.commit();
 }
 
 std::string read_small_file(const std::filesystem::path& path) {

@@ -28,6 +28,9 @@ class AtomicFile {
   int fd_ = -1;
 };
 
+// Copies a regular file to `to` through an AtomicFile.
+void copy_file_atomically(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // The whole content of a file the caller knows to be small (JSON configs).
 std::string read_small_file(const std::filesystem::path& path);
 
