@@ -42,11 +42,11 @@ std::string_view expert_layout_name(ExpertLayout layout) noexcept;  // "modelopt
 // The quantization a model declares: hf_quant_config.json ("quantization" block) or, without
 // it, the "quantization_config" block of config.json.
 struct QuantConfig {
-  std::string source;                   // "hf_quant_config.json" or "config.json quantization_config"
-  std::string algo;                     // quant_algo or quant_method as written ("NVFP4", "mxfp4")
-  std::optional<WeightFormat> format;   // when algo names NVFP4 or MXFP4
-  std::string producer;                 // "modelopt 0.29.0", when given
-  int group_size = 0;                   // 0 when not given
+  std::string source;                        // "hf_quant_config.json" or "config.json quantization_config"
+  std::string algo;                          // quant_algo or quant_method as written ("NVFP4", "mxfp4")
+  std::optional<WeightFormat> format;        // when algo names NVFP4 or MXFP4
+  std::string producer;                      // "modelopt 0.29.0", when given
+  int group_size = 0;                        // 0 when not given
   std::vector<std::string> exclude_modules;  // wildcards: '*' any run of characters, '?' one
 
   // The first exclude pattern matching `module` (a tensor name less its last component), or "".
@@ -57,8 +57,8 @@ struct MoeLayerInfo {
   std::int64_t layer = 0;
   std::string prefix;  // "model.layers.3.mlp"
   ExpertLayout layout = ExpertLayout::kModelOptNvfp4;
-  std::int64_t experts = 0;       // routed experts found
-  std::int64_t hidden = 0;        // from the tensor shapes (0 when they could not tell)
+  std::int64_t experts = 0;  // routed experts found
+  std::int64_t hidden = 0;   // from the tensor shapes (0 when they could not tell)
   std::int64_t intermediate = 0;
   std::int64_t shared_intermediate = 0;  // 0: no shared expert
   std::string router;                    // the router weight's tensor name, "" when none
@@ -70,9 +70,9 @@ struct ModelInfo {
   std::vector<std::filesystem::path> files;  // the safetensors files
   std::vector<TensorInfo> tensors;           // every tensor, sorted by name
   std::uint64_t tensor_bytes = 0;
-  std::string model_type;           // config.json "model_type", "" without config.json
-  std::optional<LayerDesc> desc;    // the MoE layer config.json describes
-  std::string desc_error;           // why desc is absent, when there is a config.json
+  std::string model_type;         // config.json "model_type", "" without config.json
+  std::optional<LayerDesc> desc;  // the MoE layer config.json describes
+  std::string desc_error;         // why desc is absent, when there is a config.json
   std::optional<QuantConfig> quant;
   std::vector<MoeLayerInfo> moe_layers;  // ascending layer index
   std::vector<std::string> warnings;
@@ -117,10 +117,10 @@ struct QuantizeProgress {
 
 struct QuantizeReport {
   std::vector<std::filesystem::path> written;  // every file written
-  std::int64_t quantized = 0;        // matrices quantized
-  std::int64_t excluded = 0;         // eligible matrices kept by an exclude regex
-  std::int64_t not_block_multiple = 0;  // 2-D .weight tensors whose K is not a multiple of the block
-  std::int64_t copied = 0;           // tensors copied unchanged (excluded ones included)
+  std::int64_t quantized = 0;                  // matrices quantized
+  std::int64_t excluded = 0;                   // eligible matrices kept by an exclude regex
+  std::int64_t not_block_multiple = 0;         // 2-D .weight tensors whose K is not a multiple of the block
+  std::int64_t copied = 0;                     // tensors copied unchanged (excluded ones included)
   std::uint64_t bytes_in = 0;
   std::uint64_t bytes_out = 0;
 };

@@ -47,9 +47,10 @@ class Inspector {
         l.intermediate = b->shape[1] / 2;
         l.hidden = b->shape[2] * b->shape[3] * 2;
       }
-      for (const char* s : {"gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks", "down_proj_scales",
-                            "down_proj_bias"}) {
-        if (m.fused_tensor(s) == nullptr) warn("{}: gpt-oss layout without '{}.experts.{}'", m.prefix, m.prefix, s);
+      for (const char* s : {"gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
+                            "down_proj_scales", "down_proj_bias"}) {
+        if (m.fused_tensor(s) == nullptr)
+          warn("{}: gpt-oss layout without '{}.experts.{}'", m.prefix, m.prefix, s);
       }
       return l;
     }
@@ -92,7 +93,8 @@ class Inspector {
           const bool down = std::string_view(proj) == "down_proj";
           if (rows != (down ? l.hidden : l.intermediate) || cols != (down ? l.intermediate : l.hidden)) {
             warn("{}: '{}' has shape {}, unlike expert {} ([{}, {}] expected)", m.prefix, w->name,
-                 w->shape_string(), first, down ? l.hidden : l.intermediate, down ? l.intermediate : l.hidden);
+                 w->shape_string(), first, down ? l.hidden : l.intermediate,
+                 down ? l.intermediate : l.hidden);
           }
         }
       }
@@ -135,8 +137,10 @@ class Inspector {
       }
       if (nan > 0) warn("'{}': {} NaN block scales (the first at flat index {})", t.name, nan, first_nan);
       if (zero > 0) {
-        warn("'{}': {} zero block scales (the first at flat index {}; ModelOpt writes 1.0 for all-zero blocks)",
-             t.name, zero, first_zero);
+        warn(
+            "'{}': {} zero block scales (the first at flat index {}; ModelOpt writes 1.0 for all-zero "
+            "blocks)",
+            t.name, zero, first_zero);
       }
       if (negative > 0) warn("'{}': {} negative block scales", t.name, negative);
       return;
@@ -190,8 +194,9 @@ ModelInfo inspect_model(const fs::path& path, const InspectOptions& options) {
     info.quant = io::read_quant_config(dir);
     const auto config = io::read_config(dir);
     const auto& c = io::text_config(*config);
-    info.model_type = c.contains("model_type") && c["model_type"].is_string() ? c["model_type"].get<std::string>()
-                                                                             : std::string();
+    info.model_type = c.contains("model_type") && c["model_type"].is_string()
+                          ? c["model_type"].get<std::string>()
+                          : std::string();
     try {
       info.desc = io::layer_desc_from_config(*config, info.quant, (dir / "config.json").string());
       info.desc->validate();

@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
-#include <tuple>
-#include <utility>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "fp4moe/checkpoint.hpp"
 #include "fp4moe/safetensors.hpp"
@@ -38,10 +38,11 @@ std::optional<MoeName> parse_moe_name(std::string_view name);
 struct MoeTensors {
   std::int64_t layer = 0;
   std::string prefix;
-  std::map<std::tuple<std::int64_t, std::string, std::string>, const TensorInfo*> experts;  // (e, proj, suffix)
-  std::map<std::pair<std::string, std::string>, const TensorInfo*> shared;                 // (proj, suffix)
-  std::map<std::string, const TensorInfo*> fused;                                          // suffix
-  std::map<std::pair<std::string, std::string>, const TensorInfo*> router;                 // (gate|router, suffix)
+  std::map<std::tuple<std::int64_t, std::string, std::string>, const TensorInfo*>
+      experts;                                                              // (e, proj, suffix)
+  std::map<std::pair<std::string, std::string>, const TensorInfo*> shared;  // (proj, suffix)
+  std::map<std::string, const TensorInfo*> fused;                           // suffix
+  std::map<std::pair<std::string, std::string>, const TensorInfo*> router;  // (gate|router, suffix)
 
   const TensorInfo* expert(std::int64_t e, const std::string& proj, const std::string& suffix) const;
   const TensorInfo* shared_tensor(const std::string& proj, const std::string& suffix) const;

@@ -12,7 +12,8 @@
 namespace fp4moe {
 namespace io {
 
-const TensorInfo* MoeTensors::expert(std::int64_t e, const std::string& proj, const std::string& suffix) const {
+const TensorInfo* MoeTensors::expert(std::int64_t e, const std::string& proj,
+                                     const std::string& suffix) const {
   const auto it = experts.find({e, proj, suffix});
   return it == experts.end() ? nullptr : it->second;
 }
@@ -40,10 +41,18 @@ std::map<std::string, MoeTensors> index_moe_tensors(const ShardedSafetensors& mo
     m.prefix = n->prefix;
     const TensorInfo* t = model.find(name);
     switch (n->kind) {
-      case MoeName::Kind::kExpert: m.experts[{n->expert, n->proj, n->suffix}] = t; break;
-      case MoeName::Kind::kFused: m.fused[n->suffix] = t; break;
-      case MoeName::Kind::kShared: m.shared[{n->proj, n->suffix}] = t; break;
-      case MoeName::Kind::kRouter: m.router[{n->proj, n->suffix}] = t; break;
+      case MoeName::Kind::kExpert:
+        m.experts[{n->expert, n->proj, n->suffix}] = t;
+        break;
+      case MoeName::Kind::kFused:
+        m.fused[n->suffix] = t;
+        break;
+      case MoeName::Kind::kShared:
+        m.shared[{n->proj, n->suffix}] = t;
+        break;
+      case MoeName::Kind::kRouter:
+        m.router[{n->proj, n->suffix}] = t;
+        break;
     }
   }
   // A dense MLP next to MoE layers has no experts; it is not a MoE block.
@@ -91,7 +100,8 @@ using io::MoeTensors;
 
 class LayerLoader {
  public:
-  LayerLoader(const ShardedSafetensors& model, const MoeTensors& tensors, const std::optional<QuantConfig>& quant)
+  LayerLoader(const ShardedSafetensors& model, const MoeTensors& tensors,
+              const std::optional<QuantConfig>& quant)
       : model_(model), m_(tensors), quant_(quant), label_(io::model_label(model)) {}
 
   std::span<const std::uint8_t> bytes(const TensorInfo& t) const { return model_.file_of(t.name).data(t); }
@@ -107,7 +117,8 @@ class LayerLoader {
     const std::string base = e >= 0 ? fmt::format("{}.experts.{}.{}", m_.prefix, e, proj)
                                     : fmt::format("{}.shared_experts.{}", m_.prefix, proj);
     const auto get = [&](const std::string& suffix) -> const TensorInfo& {
-      return require_tensor(e >= 0 ? m_.expert(e, proj, suffix) : m_.shared_tensor(proj, suffix), base + "." + suffix);
+      return require_tensor(e >= 0 ? m_.expert(e, proj, suffix) : m_.shared_tensor(proj, suffix),
+                            base + "." + suffix);
     };
     const TensorInfo& w = get("weight");
     if (io::is_float_dtype(w.dtype)) fail_unquantized(w);
@@ -134,8 +145,8 @@ class LayerLoader {
       const bool nan = format == WeightFormat::kNvfp4 ? (c & 0x7f) == 0x7f : c == 0xff;
       if (nan) {
         const auto sc = static_cast<std::size_t>(cols / block);
-        fail(Errc::kBadFile, "{}: '{}' holds a NaN block scale (0x{:02x}) at [{}, {}]", label_, s.name, c, i / sc,
-             i % sc);
+        fail(Errc::kBadFile, "{}: '{}' holds a NaN block scale (0x{:02x}) at [{}, {}]", label_, s.name, c,
+             i / sc, i % sc);
       }
     }
     if (format == WeightFormat::kNvfp4) q.global_scale = scalar_f32(get("weight_scale_2"));
@@ -167,11 +178,13 @@ class LayerLoader {
     x.gate = matrix(e, "gate_proj", intermediate, d.hidden, d.format);
     x.up = matrix(e, "up_proj", intermediate, d.hidden, d.format);
     x.down = matrix(e, "down_proj", d.hidden, intermediate, d.format);
-    if (std::bit_cast<std::uint32_t>(x.gate.global_scale) != std::bit_cast<std::uint32_t>(x.up.global_scale)) {
+    if (std::bit_cast<std::uint32_t>(x.gate.global_scale) !=
+        std::bit_cast<std::uint32_t>(x.up.global_scale)) {
       const std::string who = e >= 0 ? fmt::format("expert {}", e) : std::string("shared expert");
-      fail(Errc::kBadFile, "{}: layer {} {}: gate_proj weight_scale_2 = {} but up_proj weight_scale_2 = {}: "
-           "ModelOpt exports share one (gate and up are one GEMM)", label_, m_.layer, who, x.gate.global_scale,
-           x.up.global_scale);
+      fail(Errc::kBadFile,
+           "{}: layer {} {}: gate_proj weight_scale_2 = {} but up_proj weight_scale_2 = {}: "
+           "ModelOpt exports share one (gate and up are one GEMM)",
+           label_, m_.layer, who, x.gate.global_scale, x.up.global_scale);
     }
     return x;
   }
@@ -196,22 +209,26 @@ class LayerLoader {
     x.gate = new_matrix(i_size, h);
     x.up = new_matrix(i_size, h);
     x.down = new_matrix(h, i_size);
-    const std::size_t row_bytes = static_cast<std::size_t>(h / 2), row_scales = static_cast<std::size_t>(h / 32);
+    const std::size_t row_bytes = static_cast<std::size_t>(h / 2),
+                      row_scales = static_cast<std::size_t>(h / 32);
     for (std::int64_t r = 0; r < 2 * i_size; ++r) {
       QuantizedMatrix& dst = (r % 2 == 0) ? x.gate : x.up;
       const auto src_row = static_cast<std::size_t>(e * 2 * i_size + r);
       const auto dst_row = static_cast<std::size_t>(r / 2);
       std::memcpy(dst.packed.data() + dst_row * row_bytes, gu_blocks.data() + src_row * row_bytes, row_bytes);
-      std::memcpy(dst.scales.data() + dst_row * row_scales, gu_scales.data() + src_row * row_scales, row_scales);
+      std::memcpy(dst.scales.data() + dst_row * row_scales, gu_scales.data() + src_row * row_scales,
+                  row_scales);
     }
     const std::size_t down_bytes = x.down.packed.size(), down_scales = x.down.scales.size();
-    std::memcpy(x.down.packed.data(), dn_blocks.data() + static_cast<std::size_t>(e) * down_bytes, down_bytes);
-    std::memcpy(x.down.scales.data(), dn_scales.data() + static_cast<std::size_t>(e) * down_scales, down_scales);
+    std::memcpy(x.down.packed.data(), dn_blocks.data() + static_cast<std::size_t>(e) * down_bytes,
+                down_bytes);
+    std::memcpy(x.down.scales.data(), dn_scales.data() + static_cast<std::size_t>(e) * down_scales,
+                down_scales);
     for (const auto* q : {&x.gate, &x.up, &x.down}) {
       const auto nan = std::find(q->scales.begin(), q->scales.end(), std::uint8_t{0xff});
       if (nan != q->scales.end()) {
-        fail(Errc::kBadFile, "{}: layer {} expert {}: a NaN MXFP4 scale (0xff) in the {} scales", label_, m_.layer, e,
-             q == &x.down ? "down_proj" : "gate_up_proj");
+        fail(Errc::kBadFile, "{}: layer {} expert {}: a NaN MXFP4 scale (0xff) in the {} scales", label_,
+             m_.layer, e, q == &x.down ? "down_proj" : "gate_up_proj");
       }
     }
     const auto gu_bias = *m_.fused_tensor("gate_up_proj_bias");
@@ -221,8 +238,10 @@ class LayerLoader {
     x.gate_bias.resize(static_cast<std::size_t>(i_size));
     x.up_bias.resize(static_cast<std::size_t>(i_size));
     for (std::int64_t r = 0; r < i_size; ++r) {
-      x.gate_bias[static_cast<std::size_t>(r)] = io::load_float(gu_bias.dtype, gb.data(), e * 2 * i_size + 2 * r);
-      x.up_bias[static_cast<std::size_t>(r)] = io::load_float(gu_bias.dtype, gb.data(), e * 2 * i_size + 2 * r + 1);
+      x.gate_bias[static_cast<std::size_t>(r)] =
+          io::load_float(gu_bias.dtype, gb.data(), e * 2 * i_size + 2 * r);
+      x.up_bias[static_cast<std::size_t>(r)] =
+          io::load_float(gu_bias.dtype, gb.data(), e * 2 * i_size + 2 * r + 1);
     }
     x.down_bias.resize(static_cast<std::size_t>(h));
     io::to_float(dn_bias.dtype, db, e * h, x.down_bias);
@@ -251,8 +270,10 @@ class LayerLoader {
   [[noreturn]] void fail_unquantized(const TensorInfo& t) const {
     const std::string module = t.name.substr(0, t.name.rfind('.'));
     const std::string pattern = quant_ ? quant_->excluded_by(module) : "";
-    fail(Errc::kBadFile, "{}: layer {}: '{}' is {}, not quantized{}: fp4moe runs NVFP4 or MXFP4 experts "
-         "(fp4moe quantize makes them)", label_, m_.layer, t.name, dtype_name(t.dtype),
+    fail(Errc::kBadFile,
+         "{}: layer {}: '{}' is {}, not quantized{}: fp4moe runs NVFP4 or MXFP4 experts "
+         "(fp4moe quantize makes them)",
+         label_, m_.layer, t.name, dtype_name(t.dtype),
          pattern.empty() ? "" : fmt::format(" (excluded by '{}' in {})", pattern, quant_->source));
   }
 
@@ -268,9 +289,11 @@ class LayerLoader {
 LayerDesc read_layer_desc(const std::filesystem::path& model_dir) {
   const auto config = io::read_config(model_dir);
   if (!config) {
-    fail(Errc::kBadFile, "{}: no config.json (the layer's sizes and router come from it)", model_dir.string());
+    fail(Errc::kBadFile, "{}: no config.json (the layer's sizes and router come from it)",
+         model_dir.string());
   }
-  return io::layer_desc_from_config(*config, io::read_quant_config(model_dir), (model_dir / "config.json").string());
+  return io::layer_desc_from_config(*config, io::read_quant_config(model_dir),
+                                    (model_dir / "config.json").string());
 }
 
 LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t layer) {
@@ -297,26 +320,30 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
     loader.fail_unquantized(!m.fused.empty() ? *m.fused.begin()->second : *m.experts.begin()->second);
   }
 
-  const WeightFormat format = layout == ExpertLayout::kModelOptNvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kMxfp4;
+  const WeightFormat format =
+      layout == ExpertLayout::kModelOptNvfp4 ? WeightFormat::kNvfp4 : WeightFormat::kMxfp4;
   if (quant && quant->format && *quant->format != format) {
-    fail(Errc::kBadFile, "{}: {} declares {} but layer {} holds {} experts", label, quant->source, quant->algo, layer,
-         expert_layout_name(layout));
+    fail(Errc::kBadFile, "{}: {} declares {} but layer {} holds {} experts", label, quant->source,
+         quant->algo, layer, expert_layout_name(layout));
   }
   d.format = format;
   if ((layout == ExpertLayout::kGptOssMxfp4) != d.expert_bias) {
-    fail(Errc::kBadFile, "{}: layer {} holds {} experts but config.json describes {} (model_type decides the layout)",
-         label, layer, expert_layout_name(layout), d.expert_bias ? "gpt-oss" : "a ModelOpt-layout model");
+    fail(Errc::kBadFile,
+         "{}: layer {} holds {} experts but config.json describes {} (model_type decides the layout)", label,
+         layer, expert_layout_name(layout), d.expert_bias ? "gpt-oss" : "a ModelOpt-layout model");
   }
 
   // The shared expert: present in the tensors iff config.json says so, with its size.
   const TensorInfo* shared_gate = m.shared_tensor("gate_proj", "weight");
   if (shared_gate != nullptr && d.shared_intermediate == 0) {
-    fail(Errc::kBadFile, "{}: layer {} has a shared expert ('{}') but config.json has no n_shared_experts", label,
-         layer, shared_gate->name);
+    fail(Errc::kBadFile, "{}: layer {} has a shared expert ('{}') but config.json has no n_shared_experts",
+         label, layer, shared_gate->name);
   }
   if (shared_gate == nullptr && d.shared_intermediate > 0) {
-    fail(Errc::kBadFile, "{}: config.json has n_shared_experts (shared intermediate {}) but layer {} has no "
-         "'{}.shared_experts.gate_proj.weight'", label, d.shared_intermediate, layer, m.prefix);
+    fail(Errc::kBadFile,
+         "{}: config.json has n_shared_experts (shared intermediate {}) but layer {} has no "
+         "'{}.shared_experts.gate_proj.weight'",
+         label, d.shared_intermediate, layer, m.prefix);
   }
   d.validate();
 
@@ -331,8 +358,8 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
   } else {
     for (const auto& [key, t] : m.experts) {
       if (std::get<0>(key) >= d.experts) {
-        fail(Errc::kBadFile, "{}: tensor '{}' is expert {} but config.json says {} routed experts", label, t->name,
-             std::get<0>(key), d.experts);
+        fail(Errc::kBadFile, "{}: tensor '{}' is expert {} but config.json says {} routed experts", label,
+             t->name, std::get<0>(key), d.experts);
       }
     }
     io::parallel_for(d.experts, io::thread_count(0), [&](std::int64_t e) {
@@ -346,7 +373,8 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
   const std::array<std::int64_t, 2> router_shape{d.experts, d.hidden};
   const std::array<std::int64_t, 1> expert_vec{d.experts};
   const std::string which = layout == ExpertLayout::kGptOssMxfp4 ? "router" : "gate";
-  const TensorInfo& rw = loader.require_tensor(m.router_tensor(which, "weight"), m.prefix + "." + which + ".weight");
+  const TensorInfo& rw =
+      loader.require_tensor(m.router_tensor(which, "weight"), m.prefix + "." + which + ".weight");
   if (rw.dtype == Dtype::kU8) {
     QuantizedMatrix q;
     q.format = WeightFormat::kNvfp4;
@@ -357,7 +385,8 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
     const std::array<std::int64_t, 2> packed{d.experts, d.hidden / 2};
     const std::array<std::int64_t, 2> scales{d.experts, d.hidden / kNvfp4BlockSize};
     io::expect_tensor(model, rw, {Dtype::kU8}, packed);
-    io::expect_tensor(model, loader.require_tensor(s, m.prefix + "." + which + ".weight_scale"), {Dtype::kF8E4M3}, scales);
+    io::expect_tensor(model, loader.require_tensor(s, m.prefix + "." + which + ".weight_scale"),
+                      {Dtype::kF8E4M3}, scales);
     q.packed.assign(loader.bytes(rw).begin(), loader.bytes(rw).end());
     q.scales.assign(loader.bytes(*s).begin(), loader.bytes(*s).end());
     q.global_scale = loader.scalar_f32(loader.require_tensor(s2, m.prefix + "." + which + ".weight_scale_2"));
@@ -368,11 +397,13 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
   if (const auto* rb = m.router_tensor(which, "bias")) w.router_logit_bias = loader.floats(*rb, expert_vec);
   const auto* cb = m.router_tensor("gate", "e_score_correction_bias");
   if (d.router == RouterKind::kSigmoidGroupTopK) {
-    w.correction_bias = loader.floats(
-        loader.require_tensor(cb, m.prefix + ".gate.e_score_correction_bias"), expert_vec);
+    w.correction_bias =
+        loader.floats(loader.require_tensor(cb, m.prefix + ".gate.e_score_correction_bias"), expert_vec);
   } else if (cb != nullptr) {
-    fail(Errc::kBadFile, "{}: '{}' is a correction bias, which only the sigmoid router uses, but config.json "
-         "describes a {} router", label, cb->name, router_name(d.router));
+    fail(Errc::kBadFile,
+         "{}: '{}' is a correction bias, which only the sigmoid router uses, but config.json "
+         "describes a {} router",
+         label, cb->name, router_name(d.router));
   }
   w.validate();
   return w;

@@ -51,7 +51,9 @@ struct Quantizer {
   std::string cached_name;
   std::vector<std::uint8_t> cached_scales;
 
-  std::int64_t chunk_rows(std::int64_t cols) const { return std::max<std::int64_t>(1, kChunkElements / cols); }
+  std::int64_t chunk_rows(std::int64_t cols) const {
+    return std::max<std::int64_t>(1, kChunkElements / cols);
+  }
 
   // max |x| over a tensor; throws naming the first non-finite element.
   float amax(const TensorInfo& t) {
@@ -75,8 +77,9 @@ struct Quantizer {
     });
     for (const auto i : bad) {
       if (i >= 0) {
-        fail(Errc::kInvalidArgument, "tensor '{}' element [{}, {}] is {}: only finite weights can be quantized",
-             t.name, i / cols, i % cols, io::load_float(t.dtype, data.data(), i));
+        fail(Errc::kInvalidArgument,
+             "tensor '{}' element [{}, {}] is {}: only finite weights can be quantized", t.name, i / cols,
+             i % cols, io::load_float(t.dtype, data.data(), i));
       }
     }
     return *std::max_element(chunk_max.begin(), chunk_max.end());
@@ -109,7 +112,8 @@ struct Quantizer {
       io::to_float(t.dtype, data, r0 * cols, x);
       QuantizedMatrix q;
       try {
-        q = format == WeightFormat::kNvfp4 ? quantize_nvfp4(x, r1 - r0, cols, g) : quantize_mxfp4(x, r1 - r0, cols);
+        q = format == WeightFormat::kNvfp4 ? quantize_nvfp4(x, r1 - r0, cols, g)
+                                           : quantize_mxfp4(x, r1 - r0, cols);
       } catch (const Error& e) {
         fail(e.code(), "tensor '{}' rows {}..{}: {}", name, r0, r1 - 1, e.what());
       }
@@ -197,16 +201,18 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   const bool in_dir = fs::is_directory(in);
   const bool out_file = out.extension() == ".safetensors";
   if (in_dir && out_file) {
-    fail(Errc::kInvalidArgument, "{} is a model directory: it quantizes into a directory, not into the file {}",
-         in.string(), out.string());
+    fail(Errc::kInvalidArgument,
+         "{} is a model directory: it quantizes into a directory, not into the file {}", in.string(),
+         out.string());
   }
   if (fs::exists(out) && fs::equivalent(in, out)) {
-    fail(Errc::kInvalidArgument, "the output {} is the input: write the quantized model elsewhere", out.string());
+    fail(Errc::kInvalidArgument, "the output {} is the input: write the quantized model elsewhere",
+         out.string());
   }
   if (in_dir) {
     if (const auto q = io::read_quant_config(in)) {
-      fail(Errc::kInvalidArgument, "{}: already quantized ({} says {}): quantize the unquantized model", in.string(),
-           q->source, q->algo);
+      fail(Errc::kInvalidArgument, "{}: already quantized ({} says {}): quantize the unquantized model",
+           in.string(), q->source, q->algo);
     }
   }
   const auto model = ShardedSafetensors::open(in);
@@ -228,7 +234,8 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   json weight_map = json::object();
   std::uint64_t done = 0;
   for (const auto& file : model.files()) {
-    const fs::path target = out_file ? out : out / (in_dir ? file.path().filename() : fs::path("model.safetensors"));
+    const fs::path target =
+        out_file ? out : out / (in_dir ? file.path().filename() : fs::path("model.safetensors"));
     SafetensorsWriter writer;
     for (const auto& [k, v] : file.metadata()) writer.set_metadata(k, v);
     // transformers refuses torch-format safetensors whose metadata lacks "format".
@@ -248,10 +255,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
                           [&quantizer, name](std::span<std::uint8_t> o) { quantizer.scales(name, o); });
       credit[name] = t.bytes();
       if (nvfp4) {
-        writer.add_produced(name + "_scale_2", Dtype::kF32, {}, [&quantizer, name](std::span<std::uint8_t> o) {
-          const float g = quantizer.global_scale(name);
-          std::memcpy(o.data(), &g, 4);
-        });
+        writer.add_produced(name + "_scale_2", Dtype::kF32, {},
+                            [&quantizer, name](std::span<std::uint8_t> o) {
+                              const float g = quantizer.global_scale(name);
+                              std::memcpy(o.data(), &g, 4);
+                            });
       }
     }
     const std::string target_name = target.filename().string();

@@ -12,10 +12,14 @@ namespace fp4moe {
 
 std::string_view expert_layout_name(ExpertLayout layout) noexcept {
   switch (layout) {
-    case ExpertLayout::kModelOptNvfp4: return "modelopt-nvfp4";
-    case ExpertLayout::kModelOptMxfp4: return "modelopt-mxfp4";
-    case ExpertLayout::kGptOssMxfp4: return "gpt-oss-mxfp4";
-    case ExpertLayout::kUnquantized: return "unquantized";
+    case ExpertLayout::kModelOptNvfp4:
+      return "modelopt-nvfp4";
+    case ExpertLayout::kModelOptMxfp4:
+      return "modelopt-mxfp4";
+    case ExpertLayout::kGptOssMxfp4:
+      return "gpt-oss-mxfp4";
+    case ExpertLayout::kUnquantized:
+      return "unquantized";
   }
   return "?";
 }
@@ -33,7 +37,8 @@ namespace {
 using json = nlohmann::json;
 
 bool all_digits(std::string_view s) {
-  return !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return !s.empty() && s.size() <= 9 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::int64_t to_int(std::string_view s) {
@@ -70,13 +75,15 @@ std::optional<std::int64_t> int_field(const json& j, const char* key, const std:
 
 std::optional<double> number_field(const json& j, const char* key, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-  if (!j[key].is_number()) fail(Errc::kBadFile, "{}: \"{}\" is {}, expected a number", where, key, j[key].dump());
+  if (!j[key].is_number())
+    fail(Errc::kBadFile, "{}: \"{}\" is {}, expected a number", where, key, j[key].dump());
   return j[key].get<double>();
 }
 
 std::optional<bool> bool_field(const json& j, const char* key, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-  if (!j[key].is_boolean()) fail(Errc::kBadFile, "{}: \"{}\" is {}, expected true or false", where, key, j[key].dump());
+  if (!j[key].is_boolean())
+    fail(Errc::kBadFile, "{}: \"{}\" is {}, expected true or false", where, key, j[key].dump());
   return j[key].get<bool>();
 }
 
@@ -103,7 +110,8 @@ std::optional<WeightFormat> format_of_algo(std::string algo) {
 std::vector<std::string> string_list(const json& j, const char* key, const std::string& where) {
   std::vector<std::string> out;
   if (!j.contains(key) || j[key].is_null()) return out;
-  if (!j[key].is_array()) fail(Errc::kBadFile, "{}: \"{}\" is {}, expected a list of names", where, key, j[key].dump());
+  if (!j[key].is_array())
+    fail(Errc::kBadFile, "{}: \"{}\" is {}, expected a list of names", where, key, j[key].dump());
   for (const auto& v : j[key]) {
     if (!v.is_string()) fail(Errc::kBadFile, "{}: \"{}\" holds {}, expected strings", where, key, v.dump());
     out.push_back(v.get<std::string>());
@@ -129,7 +137,8 @@ std::optional<MoeName> parse_moe_name(std::string_view name) {
     if (parts[i + 2] != "mlp" && parts[i + 2] != "block_sparse_moe") continue;
     MoeName n;
     n.layer = to_int(parts[i + 1]);
-    n.prefix = std::string(name.substr(0, static_cast<std::size_t>(parts[i + 2].data() - name.data()) + parts[i + 2].size()));
+    n.prefix = std::string(
+        name.substr(0, static_cast<std::size_t>(parts[i + 2].data() - name.data()) + parts[i + 2].size()));
     const auto rest = std::span(parts).subspan(i + 3);
     if (rest.size() == 4 && rest[0] == "experts" && all_digits(rest[1])) {
       const auto proj = normalise_proj(rest[2]);
@@ -194,7 +203,8 @@ std::optional<nlohmann::json> read_config(const std::filesystem::path& dir) {
 }
 
 const nlohmann::json& text_config(const nlohmann::json& config) {
-  if (!config.contains("hidden_size") && config.contains("text_config") && config["text_config"].is_object()) {
+  if (!config.contains("hidden_size") && config.contains("text_config") &&
+      config["text_config"].is_object()) {
     return config["text_config"];
   }
   return config;
@@ -261,8 +271,8 @@ LayerDesc layer_desc_from_config(const nlohmann::json& config, const std::option
     return std::find(list.begin(), list.end(), model_type) != list.end();
   };
   if (topk_method == "group_limited_greedy") {
-    fail(Errc::kUnsupported, "{}: topk_method \"group_limited_greedy\" (DeepSeek-V2 routing) is not supported",
-         where);
+    fail(Errc::kUnsupported,
+         "{}: topk_method \"group_limited_greedy\" (DeepSeek-V2 routing) is not supported", where);
   }
   if (model_type == "gpt_oss") {
     d.router = RouterKind::kTopKSoftmax;
@@ -279,9 +289,10 @@ LayerDesc layer_desc_from_config(const nlohmann::json& config, const std::option
     // Mixtral always renormalises its top-2; Qwen3's config class defaults to false.
     d.renormalize = bool_field(c, "norm_topk_prob", where).value_or(model_type == "mixtral");
   } else {
-    fail(Errc::kUnsupported,
-         "{}: model_type \"{}\" with scoring_func \"{}\": unknown router (known model types: gpt_oss, {}, {})",
-         where, model_type, scoring, fmt::join(kSigmoidModels, ", "), fmt::join(kSoftmaxModels, ", "));
+    fail(
+        Errc::kUnsupported,
+        "{}: model_type \"{}\" with scoring_func \"{}\": unknown router (known model types: gpt_oss, {}, {})",
+        where, model_type, scoring, fmt::join(kSigmoidModels, ", "), fmt::join(kSoftmaxModels, ", "));
   }
   return d;
 }
@@ -324,12 +335,14 @@ float load_float(Dtype dtype, const std::uint8_t* data, std::int64_t i) noexcept
       std::memcpy(&f, data + 4 * i, 4);
       return f;
     }
-    default: return 0.0f;
+    default:
+      return 0.0f;
   }
 }
 
 void to_float(Dtype dtype, std::span<const std::uint8_t> data, std::int64_t begin, std::span<float> out) {
-  for (std::size_t j = 0; j < out.size(); ++j) out[j] = load_float(dtype, data.data(), begin + static_cast<std::int64_t>(j));
+  for (std::size_t j = 0; j < out.size(); ++j)
+    out[j] = load_float(dtype, data.data(), begin + static_cast<std::int64_t>(j));
 }
 
 void expect_tensor(const ShardedSafetensors& model, const TensorInfo& t, std::initializer_list<Dtype> dtypes,
@@ -337,8 +350,8 @@ void expect_tensor(const ShardedSafetensors& model, const TensorInfo& t, std::in
   if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
     std::vector<std::string_view> names;
     for (const auto d : dtypes) names.push_back(dtype_name(d));
-    fail(Errc::kBadFile, "{}: tensor '{}' is {}, expected {}", model_label(model), t.name, dtype_name(t.dtype),
-         fmt::join(names, " or "));
+    fail(Errc::kBadFile, "{}: tensor '{}' is {}, expected {}", model_label(model), t.name,
+         dtype_name(t.dtype), fmt::join(names, " or "));
   }
   if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end())) {
     fail(Errc::kBadFile, "{}: tensor '{}' has shape {}, expected [{}]", model_label(model), t.name,

@@ -20,7 +20,8 @@ inline int thread_count(int requested) {
 // first exception thrown stops the handing out and is rethrown here after every thread joined.
 template <typename Fn>
 void parallel_for(std::int64_t n, int threads, Fn&& fn) {
-  const int workers = static_cast<int>(std::min<std::int64_t>(std::max(1, threads), std::max<std::int64_t>(n, 1)));
+  const int workers =
+      static_cast<int>(std::min<std::int64_t>(std::max(1, threads), std::max<std::int64_t>(n, 1)));
   std::atomic<std::int64_t> next{0};
   std::exception_ptr error;
   std::mutex error_mutex;
