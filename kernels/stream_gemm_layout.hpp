@@ -2,7 +2,7 @@
 // decode-path kernel. This header is the single definition of the kernel's shared storage:
 // the kernel carves its shared memory with these functions (and static_asserts on them), and
 // the planner sizes configurations with the same functions, so a plan that fits always launches.
-// Pure C++ (no CUDA headers): host code includes it too.
+// Pure C++17 (no CUDA headers): host code includes it too.
 //
 // Work split (one warp = one work item at a time; warps never wait for each other):
 //
@@ -30,7 +30,9 @@ struct StreamGemmConfig {
   int stages = 8;   // per-warp pipeline depth
   int warps = 8;    // warps per CTA (independent; the CTA only shares the SM)
 
-  constexpr bool operator==(const StreamGemmConfig&) const = default;
+  constexpr bool operator==(const StreamGemmConfig& o) const {
+    return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps;
+  }
 };
 
 struct StreamGemmLayout {

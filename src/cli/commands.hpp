@@ -7,6 +7,7 @@
 namespace fp4moe::cli {
 
 void register_info(CLI::App& app);
+void register_bench(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_run(CLI::App& app);

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "fp4moe " + fp4moe::version() + " (" + fp4moe::build_commit() + ")");
   fp4moe::cli::register_info(app);
+  fp4moe::cli::register_bench(app);
   fp4moe::cli::register_quantize(app);
   fp4moe::cli::register_inspect(app);
   fp4moe::cli::register_run(app);

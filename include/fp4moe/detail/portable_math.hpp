@@ -8,9 +8,9 @@
 // a*b+c into an fma; device code uses the explicit _rn intrinsics, which nvcc never contracts.
 #pragma once
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define FP4MOE_HD __host__ __device__ __forceinline__
@@ -52,7 +52,9 @@ FP4MOE_HD float pm_bits_to_float(std::uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  return std::bit_cast<float>(u);
+  float f;  // C++17 (the kernels include this header): memcpy rather than std::bit_cast
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 #endif
 }
 

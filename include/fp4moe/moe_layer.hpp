@@ -1,0 +1,86 @@
+// fp4moe: a Mixture-of-Experts layer on the GPU.
+//
+//   fp4moe::MoeLayer layer(weights);                  // uploads and repacks the weights once
+//   layer.forward(stream, x, router_logits, out, T);  // x, logits, out: device pointers
+//
+// forward() neither allocates nor synchronizes with the host: its workspace is sized at
+// construction for options.max_tokens, so a forward can be captured in a CUDA graph and
+// replayed. The same inputs give bitwise the same output on every run (no float atomics).
+//
+// Pointers: x is bf16 [T, H], router_logits fp32 [T, E], out bf16 [T, H], all row-major, on the
+// layer's device, 16-byte aligned. This header needs no CUDA headers; `Stream` is cudaStream_t.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "fp4moe/bf16.hpp"
+#include "fp4moe/layer.hpp"
+
+struct CUstream_st;
+
+namespace fp4moe {
+
+using Stream = CUstream_st*;  // the same type as cudaStream_t
+
+// The decode kernel's configuration (see kernels/stream_gemm_layout.hpp): 16*m_tiles weight
+// rows x 8*n_tiles tokens per warp, `stages`-deep per-warp pipeline, `warps` per CTA.
+struct StreamGemmChoice {
+  int m_tiles = 1;
+  int n_tiles = 1;
+  int stages = 8;
+  int warps = 8;
+};
+
+struct MoeLayerOptions {
+  std::int64_t max_tokens = 4096;  // the largest T a forward accepts (sizes the workspace)
+  int device = -1;                 // CUDA device; -1: the current one
+  bool programmatic_launch = true; // overlap kernel launches with PDL on sm_90+
+  // Force a kernel configuration for every forward (tests, tuning); unset: the planner decides.
+  std::optional<StreamGemmChoice> gemm1;
+  std::optional<StreamGemmChoice> gemm2;
+};
+
+// Where forward() also writes its routing decision (device pointers, [T, k]); optional.
+struct RoutingOutput {
+  std::int32_t* ids = nullptr;
+  float* weights = nullptr;
+};
+
+class MoeLayer {
+ public:
+  // Validates the weights, repacks them into the kernels' layout and uploads them. Throws
+  // fp4moe::Error (kUnsupported without CUDA or for a layer the GPU path cannot run, with the
+  // reason; kInvalidArgument for inconsistent weights; kCuda for device failures).
+  explicit MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options = {});
+  ~MoeLayer();
+  MoeLayer(MoeLayer&&) noexcept;
+  MoeLayer& operator=(MoeLayer&&) noexcept;
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // The whole layer: routing, grouping, both expert GEMMs, the weighted reduction (plus the
+  // shared expert). T = 0 does nothing. Throws for T > max_tokens or misaligned pointers.
+  void forward(Stream stream, const Bf16* x, const float* router_logits, Bf16* out, std::int64_t tokens,
+               RoutingOutput routing = {}) const;
+
+  // The same with routing done by the caller: topk_ids int32 [T, k], topk_weights fp32 [T, k].
+  // An id outside [0, E) is dropped (that pick contributes nothing).
+  void forward_routed(Stream stream, const Bf16* x, const std::int32_t* topk_ids, const float* topk_weights,
+                      Bf16* out, std::int64_t tokens) const;
+
+  const LayerDesc& desc() const;
+  std::int64_t weight_bytes() const;     // device bytes of the repacked expert weights
+  std::int64_t workspace_bytes() const;  // device bytes of the forward workspace
+  int device() const;
+  // What a forward of T tokens runs: kernels, configurations, grid sizes.
+  std::string plan_summary(std::int64_t tokens) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp4moe

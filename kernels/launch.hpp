@@ -1,0 +1,124 @@
+// Host-callable launchers of fp4moe's kernels. Plain structs of pointers and sizes (no CUDA
+// types but cudaStream_t / cudaError_t), so host .cpp files include this without nvcc. Each
+// launcher checks nothing but launches; callers validate and check the returned error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/stream_gemm_layout.hpp"
+
+namespace fp4moe::kernels {
+
+inline constexpr int kMaxRoutedExperts = 512;   // per-warp routing scratch: 16 experts per lane
+inline constexpr int kMaxTotalExperts = 1024;   // routed + shared pieces (one-CTA scan)
+inline constexpr int kMaxTopK = 32;
+inline constexpr int kMaxGroups = 32;           // sigmoid router: one lane per group
+// Token counts up to which routing and grouping run in one CTA (one launch, for decode).
+inline constexpr int kSmallRouteTokens = 256;
+
+enum class RouterId : int { kSoftmaxTopK = 0, kSigmoidGroupTopK = 1, kTopKSoftmax = 2 };
+
+struct RouteArgs {
+  const float* logits = nullptr;           // [T, E] fp32
+  const float* correction_bias = nullptr;  // [E] (sigmoid router) or nullptr
+  int tokens = 0;
+  int experts = 0;
+  int top_k = 0;
+  RouterId router = RouterId::kSoftmaxTopK;
+  int renormalize = 1;
+  int n_group = 1;
+  int topk_group = 1;
+  float scaling = 1.0f;
+  std::int32_t* topk_ids = nullptr;  // [T, k]
+  float* topk_weights = nullptr;     // [T, k]
+};
+
+// Grouping of (token, pick) pairs by expert. Pseudo-experts E .. E+P-1 are the pieces of the
+// shared expert, visited by every token with weight 1. Slots of one expert are contiguous;
+// their order inside the expert is not fixed (integer atomics), which does not change any
+// result: every output column of a GEMM is computed independently of the others.
+struct GroupArgs {
+  const std::int32_t* topk_ids = nullptr;  // [T, k]
+  int tokens = 0;
+  int top_k = 0;
+  int experts = 0;        // routed experts E
+  int shared_pieces = 0;  // P
+  int tb_tokens[2] = {8, 8};  // token-block size of each GEMM (8 * n_tiles)
+  std::int32_t* counts = nullptr;     // [E+P]; zero before route_scatter_large
+  std::int32_t* cursors = nullptr;    // [E+P]
+  std::int32_t* offsets = nullptr;    // [E+P+1]
+  std::int32_t* active = nullptr;     // [E+P] ids of experts with tokens, ascending
+  std::int32_t* n_active = nullptr;   // [1]
+  std::int32_t* tb_prefix[2] = {nullptr, nullptr};  // [E+P+1] token blocks before active expert a
+  std::int32_t* slot_token = nullptr;  // [slots] token of each slot
+  std::int32_t* pair_slot = nullptr;   // [T, k+P] slot of each pick (then of each shared piece)
+};
+
+// Decode sizes (T <= kSmallRouteTokens): route, count, scan and scatter in one CTA. With
+// route.logits == nullptr the ids in group.topk_ids (given by the caller) are grouped instead;
+// ids outside [0, E) are dropped (pair_slot -1).
+cudaError_t launch_route_group_small(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream);
+// Larger T: route (one warp per token, counting) or count caller-given ids, then scan (one
+// CTA), then scatter. `counts` must be zero before.
+cudaError_t launch_route_count(const RouteArgs& route, const GroupArgs& group, cudaStream_t stream);
+cudaError_t launch_group_count(const GroupArgs& group, cudaStream_t stream);
+cudaError_t launch_group_scan(const GroupArgs& group, cudaStream_t stream);
+cudaError_t launch_group_scatter(const GroupArgs& group, cudaStream_t stream);
+
+enum class StreamEpilogue : int {
+  kSwiGLU = 0,         // GEMM1: h = silu(gate) * up, bf16
+  kSwiGLUClamped = 1,  // GEMM1, gpt-oss activation
+  kStoreF32 = 2,       // GEMM2: y = acc, fp32
+};
+
+struct StreamGemmArgs {
+  const std::uint8_t* weights = nullptr;  // fragment layout (weight_layout.hpp), all experts
+  std::int64_t expert_stride = 0;         // bytes per expert
+  int n_chunks = 0;                       // K / 64, rounded up
+  int k = 0;                              // K
+  int rows = 0;                           // logical rows: 2I (gate/up interleaved) or H
+  int row_blocks = 0;                     // per expert: 16-row tiles (padded to 4) / m_tiles
+  const float* post_scale = nullptr;      // [E+P, 2]: gate/up (GEMM1) or both the same (GEMM2)
+  const float* bias = nullptr;            // GEMM1 [E+P, 2, I] (gate, up); GEMM2 [E+P, H]; or null
+  const std::uint16_t* act = nullptr;     // bf16 activations, rows of act_ld elements
+  std::int64_t act_ld = 0;
+  const std::int32_t* slot_token = nullptr;  // GEMM1: activation row = slot_token[slot]; GEMM2: null
+  const std::int32_t* offsets = nullptr;
+  const std::int32_t* active = nullptr;
+  const std::int32_t* n_active = nullptr;
+  const std::int32_t* tb_prefix = nullptr;
+  void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: fp32 [slots, H]
+  std::int64_t out_ld = 0;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+};
+
+// The (m_tiles, n_tiles) instances compiled into the library; the planner picks among these.
+inline constexpr int kStreamTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
+
+// Sets the kernel's dynamic shared memory limit for `config` and reports what the compiled
+// kernel needs: registers per thread and resident CTAs per SM at this config.
+struct KernelAttributes {
+  int registers = 0;
+  int local_bytes = 0;
+  int max_blocks_per_sm = 0;
+};
+cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
+cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
+                               int grid, bool pdl, cudaStream_t stream);
+
+struct FinalizeArgs {
+  const float* y = nullptr;  // [slots, hidden] fp32
+  const std::int32_t* pair_slot = nullptr;  // [T, k+P]; -1: a dropped pick
+  const float* topk_weights = nullptr;      // [T, k]
+  int tokens = 0;
+  int top_k = 0;
+  int shared_pieces = 0;
+  int hidden = 0;
+  std::uint16_t* out = nullptr;  // bf16 [T, hidden]
+};
+cudaError_t launch_finalize(const FinalizeArgs& args, bool pdl, cudaStream_t stream);
+
+}  // namespace fp4moe::kernels

@@ -1,0 +1,299 @@
+// Weight-streaming grouped GEMM: the decode path's GEMM1 (gate/up + SwiGLU) and GEMM2 (down).
+//
+// At decode each active expert sees a handful of tokens, so the layer is bound by reading the
+// experts' weights once. The kernel spreads every active expert's rows over all warps of all
+// SMs and streams them through a per-warp cp.async ring (stream_gemm_layout.hpp):
+//
+//   work item = (active expert a, token block b of 8*NT tokens, row block r of 16*MT rows)
+//   items are numbered (a, b) major, r minor, so neighbouring warps share activations in L2;
+//   warp w of the persistent grid takes items w, w + W, w + 2W, ... (W = all warps).
+//
+//   per item:  for each K chunk of 64 (pipelined `stages` deep):
+//                A = weights  [16*MT rows x 64]: E2M1 -> bf16 in registers, times the block
+//                    scale (exact, see weight_layout.hpp), as mma A fragments
+//                B = activations [64 x 8*NT tokens] bf16 (gathered rows for GEMM1)
+//                acc[MT][NT] += A * B          (mma.sync m16n8k16, fp32)
+//              epilogue: acc * post_scale (+ bias); GEMM1: act(gate, up) -> bf16 h;
+//                        GEMM2: fp32 y per slot (finalize reduces the k picks).
+//
+// Each lane copies exactly the 16-byte weight fragment and the 32-byte activation piece that it
+// later reads itself; only the scale bytes cross lanes (hence the __syncwarp after each wait).
+#include "fp4moe/detail/portable_math.hpp"
+#include "kernels/common.cuh"
+#include "kernels/launch.hpp"
+#include "kernels/weight_layout.hpp"
+
+namespace fp4moe::kernels {
+namespace {
+
+using detail::pm_add;
+using detail::pm_mul;
+using detail::portable_sigmoid;
+using detail::portable_silu;
+
+__device__ __forceinline__ float activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
+  if (epi == StreamEpilogue::kSwiGLU) return pm_mul(portable_silu(gate), up);
+  // gpt-oss: g = min(g, limit); u = clamp(u, -limit, limit); g * sigmoid(alpha * g) * (u + 1),
+  // written as std::min / std::clamp are (NaN handling included).
+  const float g = (limit < gate) ? limit : gate;
+  const float u = (up < -limit) ? -limit : ((limit < up) ? limit : up);
+  return pm_mul(pm_mul(g, portable_sigmoid(pm_mul(alpha, g))), pm_add(u, 1.0f));
+}
+
+}  // namespace
+
+// Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
+// the build's resource report and `fp4moe plan` look kernels up by it.
+template <int MT, int NT, StreamEpilogue EPI>
+__global__ void __launch_bounds__(256) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages) {
+  extern __shared__ __align__(128) std::uint8_t smem[];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const StreamGemmConfig cfg{MT, NT, stages, warps};
+  const int stage_bytes = StreamGemmLayout::stage_bytes(cfg);
+  const std::uint32_t ring = smem_addr(smem) + warp * StreamGemmLayout::warp_bytes(cfg);
+  constexpr int kScaleOff = MT * StreamGemmLayout::kWeightTileBytes;
+  constexpr int kActOff = kScaleOff + MT * StreamGemmLayout::kScaleTileBytes;
+  static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 1, 1}), "layout drift");
+
+  // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
+  // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int n_active = *p.n_active;
+  const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+
+  for (std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * warps + warp; item < total_items; item += stride) {
+    const int pb = static_cast<int>(item / p.row_blocks);
+    const int rb = static_cast<int>(item % p.row_blocks);
+    // Active expert a with tb_prefix[a] <= pb < tb_prefix[a + 1].
+    int lo = 0, hi = n_active - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.tb_prefix[mid] <= pb) lo = mid; else hi = mid - 1;
+    }
+    const int e = p.active[lo];
+    const int slot0 = p.offsets[e] + (pb - p.tb_prefix[lo]) * 8 * NT;
+    const int m_count = min(8 * NT, p.offsets[e + 1] - slot0);
+    const int tile0 = rb * MT;
+    const std::uint8_t* wbase = p.weights + static_cast<std::int64_t>(e) * p.expert_stride +
+                                static_cast<std::int64_t>(tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks *
+                                    WeightLayout::kBlockBytes;
+    const int tile_in_group = tile0 % WeightLayout::kTilesPerGroup;
+
+    // This lane's activation row for each token tile (token g of the tile).
+    const std::uint16_t* arow[NT];
+    bool avalid[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int s = 8 * j + g;
+      avalid[j] = s < m_count;
+      const std::int64_t row = !avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + s] : slot0 + s);
+      arow[j] = p.act + row * p.act_ld + 16 * t;
+    }
+
+    auto load_stage = [&](int chunk) {
+      const std::uint32_t st = ring + (chunk % stages) * stage_bytes;
+      const std::uint8_t* blk = wbase + static_cast<std::int64_t>(chunk) * WeightLayout::kBlockBytes;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16,
+                   blk + (tile_in_group + i) * WeightLayout::kTileWeightBytes + lane * 16);
+      }
+      if (lane < MT * 4) {
+        cp_async16(st + kScaleOff + lane * 16,
+                   blk + WeightLayout::kBlockWeightBytes + tile_in_group * WeightLayout::kTileScaleBytes + lane * 16);
+      }
+      const int k0 = chunk * WeightLayout::kChunkK + 16 * t;
+      if (k0 < p.k) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (avalid[j]) {
+            const std::uint32_t dst = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
+            cp_async16(dst, arow[j] + chunk * WeightLayout::kChunkK);
+            cp_async16(dst + 16, arow[j] + chunk * WeightLayout::kChunkK + 8);
+          }
+        }
+      }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+    const int n_chunks = p.n_chunks;
+    for (int c = 0; c < stages - 1; ++c) {
+      if (c < n_chunks) load_stage(c);
+      cp_async_commit();
+    }
+    for (int c = 0; c < n_chunks; ++c) {
+      cp_async_wait_dynamic(stages - 2);
+      __syncwarp();
+      // Refill the slot consumed in the previous iteration (every lane is past it now).
+      if (c + stages - 1 < n_chunks) load_stage(c + stages - 1);
+      cp_async_commit();
+
+      const std::uint32_t st = ring + (c % stages) * stage_bytes;
+      const bool k_ok = c * WeightLayout::kChunkK + 16 * t < p.k;
+      std::uint32_t b[NT][4][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (avalid[j] && k_ok) {
+          const std::uint32_t src = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
+          const uint4 lo4 = lds128(src);
+          const uint4 hi4 = lds128(src + 16);
+          b[j][0][0] = lo4.x; b[j][0][1] = lo4.y;
+          b[j][1][0] = lo4.z; b[j][1][1] = lo4.w;
+          b[j][2][0] = hi4.x; b[j][2][1] = hi4.y;
+          b[j][3][0] = hi4.z; b[j][3][1] = hi4.w;
+        } else {
+#pragma unroll
+          for (int s = 0; s < 4; ++s) b[j][s][0] = b[j][s][1] = 0u;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const uint4 wq = lds128(st + i * WeightLayout::kTileWeightBytes + lane * 16);
+        const std::uint32_t sc = lds16(st + kScaleOff + i * WeightLayout::kTileScaleBytes + lane * 2);
+        // (byte, byte) -> bf16x2 scale factor: one PRMT and one IMAD each.
+        const std::uint32_t s_row_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
+        const std::uint32_t s_row_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
+        const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          std::uint32_t a[4];
+          decode_e2m1x8(words[s], a);
+          a[0] = bf16x2_mul(a[0], s_row_g);
+          a[1] = bf16x2_mul(a[1], s_row_g8);
+          a[2] = bf16x2_mul(a[2], s_row_g);
+          a[3] = bf16x2_mul(a[3], s_row_g8);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma_bf16_16816(acc[i][j], a, b[j][s][0], b[j][s][1]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+
+    // Epilogue: lane holds rows g and g+8 of each tile, tokens 8j + 2t + {0, 1}.
+    const float* ps = p.post_scale + 2 * e;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const int tile = tile0 + i;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int n = 8 * j + 2 * t + q;
+          if (n >= m_count) continue;
+          const std::int64_t slot = slot0 + n;
+          if constexpr (EPI == StreamEpilogue::kStoreF32) {
+            float* y = static_cast<float*>(p.out) + slot * p.out_ld;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = tile * 16 + g + 8 * h;
+              if (row >= p.rows) continue;
+              float v = acc[i][j][2 * h + q] * ps[0];
+              if (p.bias != nullptr) v += p.bias[static_cast<std::int64_t>(e) * p.rows + row];
+              y[row] = v;
+            }
+          } else {
+            const int inter = p.rows / 2;
+            const int jj = tile * 8 + g;  // intermediate index of this lane's gate/up pair
+            if (jj >= inter) continue;
+            float gate = acc[i][j][q] * ps[0];
+            float up = acc[i][j][2 + q] * ps[1];
+            if (p.bias != nullptr) {
+              gate += p.bias[(static_cast<std::int64_t>(e) * 2 + 0) * inter + jj];
+              up += p.bias[(static_cast<std::int64_t>(e) * 2 + 1) * inter + jj];
+            }
+            const float v = activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
+            static_cast<std::uint16_t*>(p.out)[slot * p.out_ld + jj] = f32_to_bf16_bits(v);
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+using KernelFn = void (*)(const StreamGemmArgs, const int);
+
+template <int MT, int NT>
+KernelFn pick_epilogue(StreamEpilogue epi) {
+  switch (epi) {
+    case StreamEpilogue::kSwiGLU: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
+    case StreamEpilogue::kSwiGLUClamped: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
+    case StreamEpilogue::kStoreF32: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+  }
+  return nullptr;
+}
+
+// The one place where run-time tile shapes become template instances (kStreamTileShapes).
+KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
+  const int key = c.m_tiles * 10 + c.n_tiles;
+  switch (key) {
+    case 11: return pick_epilogue<1, 1>(epi);
+    case 21: return pick_epilogue<2, 1>(epi);
+    case 41: return pick_epilogue<4, 1>(epi);
+    case 12: return pick_epilogue<1, 2>(epi);
+    case 22: return pick_epilogue<2, 2>(epi);
+    case 42: return pick_epilogue<4, 2>(epi);
+    case 14: return pick_epilogue<1, 4>(epi);
+    case 24: return pick_epilogue<2, 4>(epi);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
+  const KernelFn fn = kernel_for(config, epilogue);
+  if (fn == nullptr || config.warps < 1 || config.warps > 8 || config.stages < 2 || config.stages > 16) {
+    return cudaErrorInvalidValue;
+  }
+  const int smem = static_cast<int>(StreamGemmLayout::cta_bytes(config));
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes fa{};
+  err = cudaFuncGetAttributes(&fa, fn);
+  if (err != cudaSuccess) return err;
+  int blocks = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, StreamGemmLayout::threads(config), smem);
+  if (err != cudaSuccess) return err;
+  if (attributes != nullptr) {
+    attributes->registers = fa.numRegs;
+    attributes->local_bytes = static_cast<int>(fa.localSizeBytes);
+    attributes->max_blocks_per_sm = blocks;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
+                               int grid, bool pdl, cudaStream_t stream) {
+  const KernelFn fn = kernel_for(config, epilogue);
+  if (fn == nullptr) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(static_cast<unsigned>(grid));
+  lc.blockDim = dim3(static_cast<unsigned>(StreamGemmLayout::threads(config)));
+  lc.dynamicSmemBytes = static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config));
+  lc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&lc, fn, args, config.stages);
+}
+
+}  // namespace fp4moe::kernels

@@ -1,0 +1,108 @@
+// The device layout of fp4moe's expert weights ("fragment layout"), shared by the host repack
+// (src/gpu/repack.cpp), the kernels, and the CPU tests that simulate the kernels' decode.
+// Pure C++ plus FP4MOE_HD: host code includes it too.
+//
+// One matrix W [N rows, K] (NVFP4 or MXFP4) is cut into 16-row mma tiles, 4 tiles to a 64-row
+// group, and K into chunks of 64. One (group, chunk) block is 2304 bytes, exactly the bytes of
+// 64 x 64 NVFP4 values and their scales, so streaming it reads nothing twice:
+//
+//   [ tile 0: lane 0..31 x 16 B ][ tile 1 ][ tile 2 ][ tile 3 ]   weights, 4 x 512 B
+//   [ tile 0: lane 0..31 x  2 B ][ tile 1 ][ tile 2 ][ tile 3 ]   scales,  4 x  64 B
+//
+// Blocks are stored group-major: block(group, chunk) at (group * n_chunks + chunk) * 2304, so a
+// warp that owns a row group walks K through contiguous memory.
+//
+// NOTE (mma.sync.m16n8k16 bf16 fragments, PTX ISA "Matrix Fragments for mma.m16n8k16"): lane
+// (g = lane/4, t = lane%4) holds A rows g and g+8 at mma-k {2t, 2t+1, 2t+8, 2t+9} and B column
+// (token) g at the same mma-k. Any permutation of k applied to A and B alike leaves the product
+// unchanged, so in k-step s (0..3) of a chunk we map mma-k to the real k so that lane t sees
+//   real k = 16t + 4s + {0, 1} for mma-k {2t, 2t+1}   and   16t + 4s + {2, 3} for {2t+8, 2t+9}.
+// Over the 4 steps a lane then holds real k = 16t .. 16t+15: one whole NVFP4 scale block per row
+// (one scale per row per chunk, not one per step), and its B values for a token are 32
+// contiguous bytes of the activation row.
+//
+// The 16 bytes of lane (g, t) are 4 words, one per k-step s. Word s holds 8 E2M1 codes arranged
+// so that each bf16x2 A register comes out of one shift and one LOP3 (see decode_e2m1x8):
+//   bits 15:12 row g   k 4s+0      bits 31:28 row g   k 4s+1      -> register a0 (lo, hi)
+//   bits 11:8  row g+8 k 4s+0      bits 27:24 row g+8 k 4s+1      -> a1
+//   bits  7:4  row g   k 4s+2      bits 23:20 row g   k 4s+3      -> a2
+//   bits  3:0  row g+8 k 4s+2      bits 19:16 row g+8 k 4s+3      -> a3
+// (k relative to 16t within the chunk). The scale pair of lane (g, t) is the byte of row g then
+// the byte of row g+8, for NVFP4 block 4*chunk + t (MXFP4: the 32-block holding it).
+//
+// Decoding. An E2M1 code s|e1 e0|m placed at bf16 bits 15 | 8 7 | 6 reads as the bf16 number
+// e2m1 * 2^-126 (exponent field e, mantissa top bit m; e = 0 gives the subnormal m * 2^-127).
+// The scale byte is stored re-encoded so that scale_bits = byte * 16 + 0x7680 is a bf16 number
+// 2^(F - 127) * (1 + m/8) with exponent field F = 237 + (byte >> 3), F <= 254. The bf16 product
+// e2m1 * 2^-126 * scale_factor is exact (at most 2 x 4 significant bits, normal range), and the
+// GEMM's fp32 epilogue multiplies the accumulator by a per-matrix `post_scale` that undoes the
+// offsets: NVFP4 byte = ((E + 9) << 3) | m for a scale 2^E (1 + m/8), E in [-9, 8] (every E4M3
+// value), so F = E + 246 and post_scale = 2^7 * weight_scale_2. MXFP4 scales 2^(s-127) are
+// mapped with the matrix's largest exponent s_max to F = 254 (byte = (s - s_max + 17) << 3) and
+// post_scale = 2^(s_max - 128); blocks more than 2^17 below the largest are flushed to zero.
+// A zero NVFP4 scale is stored with zeroed codes; a negative one with every code's sign flipped.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FP4MOE_HD __host__ __device__ __forceinline__
+#else
+#define FP4MOE_HD inline
+#endif
+
+namespace fp4moe::kernels {
+
+struct WeightLayout {
+  static constexpr int kTileRows = 16;
+  static constexpr int kTilesPerGroup = 4;
+  static constexpr int kGroupRows = kTileRows * kTilesPerGroup;  // 64
+  static constexpr int kChunkK = 64;
+  static constexpr int kLaneWeightBytes = 16;
+  static constexpr int kLaneScaleBytes = 2;
+  static constexpr int kTileWeightBytes = 32 * kLaneWeightBytes;  // 512
+  static constexpr int kTileScaleBytes = 32 * kLaneScaleBytes;    // 64
+  static constexpr int kBlockWeightBytes = kTilesPerGroup * kTileWeightBytes;  // 2048
+  static constexpr int kBlockBytes = kBlockWeightBytes + kTilesPerGroup * kTileScaleBytes;  // 2304
+  static constexpr std::uint32_t kScaleBitsBias = 0x7680;  // exponent field 237 at byte 0
+
+  static constexpr std::int64_t groups(std::int64_t rows) { return (rows + kGroupRows - 1) / kGroupRows; }
+  static constexpr std::int64_t chunks(std::int64_t k) { return (k + kChunkK - 1) / kChunkK; }
+  static constexpr std::int64_t matrix_bytes(std::int64_t rows, std::int64_t k) {
+    return groups(rows) * chunks(k) * kBlockBytes;
+  }
+  static constexpr std::int64_t block_offset(std::int64_t group, std::int64_t chunk, std::int64_t n_chunks) {
+    return (group * n_chunks + chunk) * kBlockBytes;
+  }
+};
+
+static_assert(WeightLayout::kBlockBytes == 64 * 64 / 2 + 64 * 4);
+
+// The bit position (of the lowest bit) of the code for (row half h: 0 = row g, 1 = row g+8,
+// k offset o in 0..3 within step s) inside word s. Used by the repack; decode_e2m1x8 is its inverse.
+FP4MOE_HD constexpr int code_bit(int h, int o) {
+  // o = 0: 12 / 8, o = 1: 28 / 24, o = 2: 4 / 0, o = 3: 20 / 16
+  return (o & 1) * 16 + (o & 2 ? 0 : 8) + (h ? 0 : 4);
+}
+
+// Word s (8 codes) -> the four bf16x2 A registers of k-step s, each element e2m1 * 2^-126.
+FP4MOE_HD void decode_e2m1x8(std::uint32_t w, std::uint32_t (&a)[4]) {
+  constexpr std::uint32_t kSign = 0x80008000u;
+  constexpr std::uint32_t kMag = 0x01c001c0u;
+  // Register i takes the codes at bits 15-4i:12-4i and 31-4i:28-4i: shifted left by 4i they sit
+  // at 15:12 and 31:28; sign bit -> bit 15/31, e1 e0 m -> bits 8:6 / 24:22 (a right shift by 6).
+  a[0] = (w & kSign) | ((w >> 6) & kMag);
+  a[1] = ((w << 4) & kSign) | ((w >> 2) & kMag);
+  a[2] = ((w << 8) & kSign) | ((w << 2) & kMag);
+  a[3] = ((w << 12) & kSign) | ((w << 6) & kMag);
+}
+
+// Scale byte -> bf16 bits of the scale factor (see the header comment).
+FP4MOE_HD constexpr std::uint32_t scale_bits(std::uint32_t byte) { return byte * 16u + WeightLayout::kScaleBitsBias; }
+
+// A scale byte b placed in both 16-bit halves (b | b << 16) -> the bf16x2 (factor, factor).
+FP4MOE_HD constexpr std::uint32_t scale_pair_from_bytes(std::uint32_t replicated) {
+  return replicated * 16u + (WeightLayout::kScaleBitsBias | (WeightLayout::kScaleBitsBias << 16));
+}
+
+}  // namespace fp4moe::kernels

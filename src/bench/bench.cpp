@@ -1,0 +1,173 @@
+#include "bench/bench.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <random>
+#include <set>
+
+#include "fp4moe/device.hpp"
+#include "fp4moe/reference.hpp"
+#include "fp4moe/version.hpp"
+
+namespace fp4moe::bench {
+namespace {
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+TimeStats stats(std::vector<double> us) {
+  TimeStats s;
+  if (us.empty()) return s;
+  std::sort(us.begin(), us.end());
+  s.runs = static_cast<int>(us.size());
+  s.min_us = us.front();
+  s.max_us = us.back();
+  s.median_us = us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
+  return s;
+}
+
+// The CPU backend: the reference forward on a small shape, wall-clock medians.
+BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, const Progress& progress) {
+  BenchReport r;
+  r.backend = "cpu";
+  r.desc = options.desc;
+  r.shape_name = options.shape_name;
+  r.note = why;
+  r.device = "CPU (reference backend)";
+  r.commit = build_commit();
+  r.version = version();
+  r.date = today();
+  const LayerDesc& d = options.desc;
+  progress("generating random weights");
+  const LayerWeights w = random_layer_weights(d, options.seed);
+  for (const std::int64_t t : options.tokens) {
+    progress(fmt::format("T={}", t));
+    std::mt19937_64 rng(options.seed + static_cast<std::uint64_t>(t));
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<Bf16> x(static_cast<std::size_t>(t * d.hidden));
+    for (auto& v : x) v = Bf16::from_float(dist(rng));
+    std::vector<float> logits(static_cast<std::size_t>(t * d.experts));
+    for (auto& v : logits) v = 2.0f * dist(rng);
+    std::vector<double> times;
+    ReferenceResult res;
+    const int runs = std::max(3, std::min(options.iterations, 10));
+    for (int i = 0; i < runs; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      res = reference_forward(w, x, logits, t);
+      const auto t1 = std::chrono::steady_clock::now();
+      times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    BenchRow row;
+    row.tokens = t;
+    row.active_experts = static_cast<double>(std::set<std::int32_t>(res.routing.ids.begin(), res.routing.ids.end()).size());
+    row.fp4moe = stats(times);
+    row.flops = 2.0 * static_cast<double>(t) * (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate +
+                                                3.0 * d.hidden * d.shared_intermediate);
+    row.plan = "reference_forward";
+    r.rows.push_back(row);
+  }
+  return r;
+}
+
+}  // namespace
+
+LayerDesc cpu_default_desc() {
+  LayerDesc d;
+  d.hidden = 1024;
+  d.intermediate = 512;
+  d.experts = 32;
+  d.top_k = 4;
+  d.router = RouterKind::kSigmoidGroupTopK;
+  d.routed_scaling_factor = 2.5f;
+  d.shared_intermediate = 512;
+  return d;
+}
+
+BenchReport run_bench(const BenchOptions& options, const Progress& progress) {
+  std::string why;
+  const bool gpu = !options.cpu && !list_gpus(&why).empty();
+  if (gpu) return run_gpu_bench(options, progress);
+  if (options.cpu) why = "--cpu given";
+  return run_cpu_bench(options, why, progress);
+}
+
+std::string format_table(const BenchReport& r) {
+  std::string s;
+  if (r.backend == "gpu") {
+    s += fmt::format("fp4moe bench: {} ({}), {} on {} (sm_{}), commit {}, {}\n", r.shape_name, r.desc.to_string(),
+                     r.backend, r.device, r.sm, r.commit, r.date);
+    s += fmt::format("ceilings measured in this run: copy {:.0f} GB/s (read + write), dense BF16 GEMM {:.0f} TFLOP/s\n",
+                     r.copy_gbps, r.bf16_tflops);
+    s += fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7} {:>11} {:>8}\n", "tokens", "active",
+                     "time us", "min us", "max us", "GB/s", "TFLOP/s", "floor us", "%floor", "bf16 us", "speedup");
+    for (const auto& row : r.rows) {
+      const double t = row.fp4moe.median_us;
+      s += fmt::format("{:>6} {:>7.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>8.1f} {:>10.1f} {:>6.0f}% {:>11} {:>8}\n",
+                       row.tokens, row.active_experts, t, row.fp4moe.min_us, row.fp4moe.max_us, row.bytes / t * 1e-3,
+                       row.flops / t * 1e-6, row.floor_us, 100.0 * row.floor_us / t,
+                       row.baseline.measured() ? fmt::format("{:.1f}", row.baseline.median_us) : "-",
+                       row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
+    }
+    if (!r.baseline_name.empty()) s += fmt::format("baseline: {}\n", r.baseline_name);
+  } else {
+    s += fmt::format("fp4moe bench: no GPU ({}): running the CPU reference backend on a smaller shape ({})\n", r.note,
+                     r.desc.to_string());
+    s += fmt::format("{:>6} {:>7} {:>12} {:>12} {:>12} {:>9}\n", "tokens", "active", "time us", "min us", "max us",
+                     "GFLOP/s");
+    for (const auto& row : r.rows) {
+      s += fmt::format("{:>6} {:>7.0f} {:>12.0f} {:>12.0f} {:>12.0f} {:>9.2f}\n", row.tokens, row.active_experts,
+                       row.fp4moe.median_us, row.fp4moe.min_us, row.fp4moe.max_us,
+                       row.flops / row.fp4moe.median_us * 1e-3);
+    }
+  }
+  return s;
+}
+
+nlohmann::json to_json(const BenchReport& r) {
+  nlohmann::json j;
+  j["backend"] = r.backend;
+  j["note"] = r.note;
+  j["device"] = r.device;
+  j["sm"] = r.sm;
+  j["sm_clock_mhz"] = r.sm_clock_mhz;
+  j["memory_clock_mhz"] = r.memory_clock_mhz;
+  j["commit"] = r.commit;
+  j["version"] = r.version;
+  j["date"] = r.date;
+  j["shape"] = r.shape_name;
+  j["layer"] = r.desc.to_string();
+  j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
+  j["baseline"] = r.baseline_name;
+  auto stats_json = [](const TimeStats& s) {
+    return nlohmann::json{{"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}, {"runs", s.runs}};
+  };
+  for (const auto& row : r.rows) {
+    nlohmann::json x{{"tokens", row.tokens},
+                     {"active_experts", row.active_experts},
+                     {"bytes", row.bytes},
+                     {"flops", row.flops},
+                     {"floor_us", row.floor_us},
+                     {"fp4moe", stats_json(row.fp4moe)},
+                     {"plan", row.plan}};
+    if (row.fp4moe.measured() && row.floor_us > 0.0) {
+      x["fraction_of_floor"] = row.floor_us / row.fp4moe.median_us;
+      x["gbps"] = row.bytes / row.fp4moe.median_us * 1e-3;
+      x["tflops"] = row.flops / row.fp4moe.median_us * 1e-6;
+    }
+    if (row.baseline.measured()) {
+      x["baseline"] = stats_json(row.baseline);
+      x["speedup_over_baseline"] = row.baseline.median_us / row.fp4moe.median_us;
+    }
+    j["rows"].push_back(x);
+  }
+  return j;
+}
+
+}  // namespace fp4moe::bench

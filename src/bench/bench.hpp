@@ -1,0 +1,84 @@
+// `fp4moe bench`: the layer's speed against the hardware's own limits and an in-run baseline.
+//
+// Protocol (shared/BENCH.md): the two ceilings measured in the same run (device-to-device copy
+// bandwidth counting bytes read + written; a dense 8192^3 BF16 cuBLAS GEMM); the floor of a
+// shape = max(bytes that must move once / copy bandwidth, FLOPs / BF16 GEMM rate); random data
+// of realistic scale; several input sets rotated; warm-up, then each forward timed with CUDA
+// events around one CUDA-graph replay; median, min and max of >= 30 runs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fp4moe/layer.hpp"
+
+namespace fp4moe::bench {
+
+struct BenchOptions {
+  LayerDesc desc;
+  std::string shape_name;          // preset name or "custom"
+  std::vector<std::int64_t> tokens;
+  int iterations = 50;
+  int warmup = 5;
+  int input_sets = 4;              // rotated so caches do not flatter small problems
+  bool baseline = true;            // time the BF16 cuBLAS layer beside fp4moe
+  std::uint64_t seed = 1;
+  bool cpu = false;                // force the CPU reference backend
+};
+
+struct TimeStats {
+  double median_us = 0.0;
+  double min_us = 0.0;
+  double max_us = 0.0;
+  int runs = 0;
+  bool measured() const { return runs > 0; }
+};
+
+struct BenchRow {
+  std::int64_t tokens = 0;
+  double active_experts = 0.0;  // routed experts with >= 1 token, averaged over input sets
+  double bytes = 0.0;           // weights of the active experts (+ shared) + x + logits + out
+  double flops = 0.0;           // 2 * tokens * (k + shared) * 3 * H * I
+  double floor_us = 0.0;
+  TimeStats fp4moe;
+  TimeStats baseline;
+  std::string plan;  // what fp4moe ran
+};
+
+struct BenchReport {
+  std::string backend;  // "gpu" or "cpu"
+  std::string note;     // one line shown first (e.g. why the CPU backend ran)
+  std::string device;
+  std::string commit;
+  std::string version;
+  int sm = 0;
+  int sm_clock_mhz = 0;
+  int memory_clock_mhz = 0;
+  double copy_gbps = 0.0;
+  double bf16_tflops = 0.0;
+  std::string baseline_name;
+  LayerDesc desc;
+  std::string shape_name;
+  std::string date;
+  std::vector<BenchRow> rows;
+};
+
+using Progress = std::function<void(const std::string&)>;
+
+// Runs on the GPU when there is one (and options.cpu is false), else on the CPU reference.
+BenchReport run_bench(const BenchOptions& options, const Progress& progress);
+
+// The small shape the CPU backend runs when there is no GPU.
+LayerDesc cpu_default_desc();
+
+std::string format_table(const BenchReport& report);
+nlohmann::json to_json(const BenchReport& report);
+
+// GPU half (bench/gpu_bench.cpp); throws kUnsupported without CUDA.
+BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress);
+
+}  // namespace fp4moe::bench

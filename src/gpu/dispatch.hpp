@@ -1,0 +1,31 @@
+// The decode kernel's configuration for a forward of T tokens. One place decides; the
+// launcher only reads the result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fp4moe/layer.hpp"
+#include "kernels/stream_gemm_layout.hpp"
+
+namespace fp4moe::gpu {
+
+enum class Gemm : int { kGateUp = 0, kDown = 1 };
+
+struct DeviceLimits {
+  int sm_count = 0;
+  std::int64_t smem_per_block_optin = 0;
+  std::int64_t smem_per_sm = 0;
+};
+
+// Expected number of experts that receive at least one of T tokens routed top-k of E uniformly,
+// and the expected tokens per such expert.
+double expected_active_experts(const LayerDesc& desc, std::int64_t tokens);
+
+// The stream GEMM configuration for GEMM `which` at T tokens on a device with these limits.
+kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
+                                               const DeviceLimits& limits);
+
+std::string to_string(const kernels::StreamGemmConfig& c);
+
+}  // namespace fp4moe::gpu

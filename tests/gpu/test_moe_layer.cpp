@@ -1,0 +1,300 @@
+// The GPU layer against the CPU reference, fed the identical quantized weights, on fresh random
+// inputs. Outputs are poisoned (0xFFFF, a bf16 NaN) before every run, so an element the GPU
+// does not write fails the comparison.
+//
+// Tolerance: relative L2 error <= 1e-2. Both sides dequantize exactly and accumulate in fp32;
+// they differ by summation order (~1e-6) and, through that, by the occasional different bf16
+// rounding of the intermediate (2^-9 relative) and of the output: errors of ~1e-3 are expected,
+// 1e-2 flags a real defect (a wrong tile, scale or token shows up as O(1)).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "fp4moe/error.hpp"
+#include "fp4moe/layer.hpp"
+#include "fp4moe/moe_layer.hpp"
+#include "fp4moe/reference.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4moe {
+namespace {
+
+using test::DeviceArray;
+
+constexpr double kTolerance = 1e-2;
+
+struct GpuRun {
+  std::vector<Bf16> out;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+
+GpuRun run_gpu(const MoeLayer& layer, const std::vector<Bf16>& x, const std::vector<float>& logits,
+               std::int64_t tokens) {
+  const LayerDesc& d = layer.desc();
+  DeviceArray<Bf16> dx(x.size()), dout(static_cast<std::size_t>(tokens * d.hidden));
+  DeviceArray<float> dl(logits.size()), dw(static_cast<std::size_t>(tokens * d.top_k));
+  DeviceArray<std::int32_t> di(static_cast<std::size_t>(tokens * d.top_k));
+  dx.upload(x);
+  dl.upload(logits);
+  dout.fill_bytes(0xff);
+  di.fill_bytes(0xff);
+  dw.fill_bytes(0xff);
+  layer.forward(nullptr, dx.get(), dl.get(), dout.get(), tokens, {di.get(), dw.get()});
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {dout.download(), di.download(), dw.download()};
+}
+
+// Random logits; `hot` >= 0 makes that expert the first pick of every token.
+std::vector<float> make_logits(const LayerDesc& d, std::int64_t tokens, std::uint64_t seed, int hot = -1) {
+  auto logits = test::random_f32(static_cast<std::size_t>(tokens * d.experts), seed, 2.0f);
+  if (hot >= 0) {
+    for (std::int64_t t = 0; t < tokens; ++t) logits[static_cast<std::size_t>(t * d.experts + hot)] = 50.0f;
+  }
+  return logits;
+}
+
+void expect_matches_reference(const LayerWeights& w, const MoeLayer& layer, std::int64_t tokens, std::uint64_t seed,
+                              int hot = -1) {
+  const LayerDesc& d = w.desc;
+  SCOPED_TRACE(d.to_string() + " T=" + std::to_string(tokens));
+  const auto x = test::random_bf16(static_cast<std::size_t>(tokens * d.hidden), seed);
+  const auto logits = make_logits(d, tokens, seed + 1, hot);
+  const ReferenceResult ref = reference_forward(w, x, logits, tokens);
+  const GpuRun gpu = run_gpu(layer, x, logits, tokens);
+  ASSERT_EQ(gpu.ids, ref.routing.ids) << "routing ids differ";
+  for (std::size_t i = 0; i < gpu.weights.size(); ++i) {
+    ASSERT_NEAR(gpu.weights[i], ref.routing.weights[i], 1e-6 * std::max(1.0f, std::fabs(ref.routing.weights[i])))
+        << "routing weight " << i;
+  }
+  const double err = test::relative_l2(gpu.out, ref.out);
+  EXPECT_LE(err, kTolerance) << "relative L2 error " << err;
+  // Deterministic: a second run gives the same bits.
+  const GpuRun again = run_gpu(layer, x, logits, tokens);
+  EXPECT_TRUE(std::equal(again.out.begin(), again.out.end(), gpu.out.begin())) << "second run differs";
+}
+
+LayerDesc small_desc(RouterKind router) {
+  LayerDesc d;
+  d.hidden = 256;
+  d.intermediate = 128;
+  d.experts = 16;
+  d.top_k = 4;
+  d.router = router;
+  if (router == RouterKind::kSigmoidGroupTopK) {
+    d.n_group = 4;
+    d.topk_group = 2;
+    d.routed_scaling_factor = 2.5f;
+  }
+  return d;
+}
+
+TEST(GpuMoeLayer, SoftmaxRouterSeveralTokenCounts) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 1);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 3, 16, 64, 257, 1000}) expect_matches_reference(w, layer, t, 100 + static_cast<std::uint64_t>(t));
+}
+
+TEST(GpuMoeLayer, SigmoidGroupRouterWithSharedExpert) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.shared_intermediate = 128;
+  const LayerWeights w = random_layer_weights(d, 2);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 3, 16, 64, 257}) expect_matches_reference(w, layer, t, 200 + static_cast<std::uint64_t>(t));
+}
+
+TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.shared_intermediate = 320;  // 2.5 pieces of 128
+  const LayerWeights w = random_layer_weights(d, 3);
+  const MoeLayer layer(w);
+  expect_matches_reference(w, layer, 5, 300);
+}
+
+TEST(GpuMoeLayer, GptOssStyleMxfp4ClampedSwigluWithBiases) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d;
+  d.hidden = 256;
+  d.intermediate = 192;
+  d.experts = 8;
+  d.top_k = 2;
+  d.router = RouterKind::kTopKSoftmax;
+  d.activation = Activation::kSwiGLUClamped;
+  d.format = WeightFormat::kMxfp4;
+  d.expert_bias = true;
+  const LayerWeights w = random_layer_weights(d, 4);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 7, 64}) expect_matches_reference(w, layer, t, 400 + static_cast<std::uint64_t>(t));
+}
+
+TEST(GpuMoeLayer, SmallestLegalShapesAndKTail) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d;
+  d.hidden = 16;  // K of the first GEMM: one NVFP4 block (a partial 64-chunk)
+  d.intermediate = 16;
+  d.experts = 2;
+  d.top_k = 1;
+  const LayerWeights w = random_layer_weights(d, 5);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 3, 40}) expect_matches_reference(w, layer, t, 500 + static_cast<std::uint64_t>(t));
+  LayerDesc d2 = d;
+  d2.hidden = 80;  // 64 + 16: a full chunk and a tail
+  d2.intermediate = 48;
+  d2.experts = 3;
+  d2.top_k = 2;
+  const LayerWeights w2 = random_layer_weights(d2, 6);
+  const MoeLayer layer2(w2);
+  for (std::int64_t t : {1, 9}) expect_matches_reference(w2, layer2, t, 600 + static_cast<std::uint64_t>(t));
+}
+
+TEST(GpuMoeLayer, OneExpertGetsEveryTokenOthersNone) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.experts = 64;
+  d.top_k = 1;
+  const LayerWeights w = random_layer_weights(d, 7);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 100, 300}) expect_matches_reference(w, layer, t, 700 + static_cast<std::uint64_t>(t), 5);
+  LayerDesc d4 = d;
+  d4.top_k = 4;
+  const LayerWeights w4 = random_layer_weights(d4, 8);
+  const MoeLayer layer4(w4);
+  expect_matches_reference(w4, layer4, 2, 800);  // 8 picks over 64 experts: most experts get nothing
+  expect_matches_reference(w4, layer4, 50, 801, 63);
+}
+
+TEST(GpuMoeLayer, ZeroTokensWritesNothing) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 9);
+  const MoeLayer layer(w);
+  DeviceArray<Bf16> x(256), out(256);
+  DeviceArray<float> logits(16);
+  out.fill_bytes(0xab);
+  layer.forward(nullptr, x.get(), logits.get(), out.get(), 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const Bf16 v : out.download()) ASSERT_EQ(v.bits, 0xabab);
+}
+
+TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 320;
+  d.intermediate = 192;
+  const LayerWeights w = random_layer_weights(d, 10);
+  const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
+  for (const auto& s : shapes) {
+    for (int stages : {2, 5}) {
+      for (int warps : {1, 8}) {
+        MoeLayerOptions o;
+        o.max_tokens = 128;
+        o.gemm1 = StreamGemmChoice{s[0], s[1], stages, warps};
+        o.gemm2 = StreamGemmChoice{s[0], s[1], stages, warps};
+        SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
+                     std::to_string(stages) + " warps " + std::to_string(warps));
+        const MoeLayer layer(w, o);
+        expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
+      }
+    }
+  }
+}
+
+TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  const LayerWeights w = random_layer_weights(d, 11);
+  const MoeLayer layer(w);
+  const std::int64_t T = 6;
+  const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1100);
+  Routing r = route(d, make_logits(d, T, 1101), T);
+  // The reference with the bad pick removed (weight 0 gives the same sum as dropping it).
+  Routing dropped = r;
+  r.ids[5] = 99;
+  r.ids[9] = -1;
+  dropped.weights[5] = 0.0f;
+  dropped.weights[9] = 0.0f;
+  const ReferenceResult ref = reference_forward_routed(w, x, dropped);
+  DeviceArray<Bf16> dx(x.size()), dout(x.size());
+  DeviceArray<std::int32_t> di(r.ids.size());
+  DeviceArray<float> dw(r.weights.size());
+  dx.upload(x);
+  di.upload(r.ids);
+  dw.upload(r.weights);
+  dout.fill_bytes(0xff);
+  layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(test::relative_l2(dout.download(), ref.out), kTolerance);
+}
+
+TEST(GpuMoeLayer, ForwardCapturesIntoACudaGraph) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  const LayerWeights w = random_layer_weights(d, 12);
+  const MoeLayer layer(w);
+  for (std::int64_t T : {4, 300}) {
+    const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1200);
+    const auto logits = make_logits(d, T, 1201);
+    DeviceArray<Bf16> dx(x.size()), dout(x.size());
+    DeviceArray<float> dl(logits.size());
+    dx.upload(x);
+    dl.upload(logits);
+    cudaStream_t s;
+    FP4MOE_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    FP4MOE_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    layer.forward(s, dx.get(), dl.get(), dout.get(), T);
+    FP4MOE_TEST_CUDA(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec;
+    FP4MOE_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    dout.fill_bytes(0xff);
+    FP4MOE_TEST_CUDA(cudaGraphLaunch(exec, s));
+    FP4MOE_TEST_CUDA(cudaStreamSynchronize(s));
+    const ReferenceResult ref = reference_forward(w, x, logits, T);
+    EXPECT_LE(test::relative_l2(dout.download(), ref.out), kTolerance) << "T=" << T;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+  }
+}
+
+TEST(GpuMoeLayer, RejectsTooManyTokens) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
+  MoeLayerOptions o;
+  o.max_tokens = 8;
+  const MoeLayer layer(w, o);
+  DeviceArray<Bf16> x(9 * 256), out(9 * 256);
+  DeviceArray<float> logits(9 * 16);
+  try {
+    layer.forward(nullptr, x.get(), logits.get(), out.get(), 9);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_tokens = 8"), std::string::npos) << e.what();
+  }
+}
+
+// Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
+class GpuRealShapes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GpuRealShapes, MatchesReference) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = layer_preset(GetParam());
+  const LayerWeights w = random_layer_weights(d, 20);
+  const MoeLayer layer(w);
+  for (std::int64_t t : {1, 3}) expect_matches_reference(w, layer, t, 2000 + static_cast<std::uint64_t>(t));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuRealShapes,
+                         ::testing::Values("glm5", "glm45", "deepseek-v3", "kimi-k2", "qwen3-235b", "qwen3-30b",
+                                           "gpt-oss-120b", "mixtral-8x7b"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           std::string s = p.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace fp4moe

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One run on a GPU machine that re-checks everything: build for the local GPU, run the GPU and
+# CPU tests, compute-sanitizer (memcheck, racecheck, synccheck) on small cases, and the
+# benchmark. Logs and JSON go to $OUT (default ./device-out).
+#
+# The machine needs nvcc, cmake and ninja; the Debian packages the build needs (CLI11,
+# nlohmann-json, fmt, GoogleTest) are taken from .device-debs/ when present (see
+# ../shared/tools/device-debs) and unpacked outside the tree, or else must be installed.
+#
+# Environment: FP4MOE_ARCH (default: the local GPU's, e.g. 90a), FP4MOE_BENCH_ARGS (extra
+# arguments of `fp4moe bench`), FP4MOE_GPU_FILTER (GoogleTest filter of the GPU tests),
+# FP4MOE_STEPS (any of: build cpu gpu sanitize bench; default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+steps=${FP4MOE_STEPS:-"build cpu gpu sanitize bench"}
+build=${FP4MOE_BUILD_DIR:-/tmp/fp4moe-build}
+status=0
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+prefix=()
+if [ -d .device-debs ]; then
+  mkdir -p /tmp/devroot
+  for f in .device-debs/*.deb; do dpkg -x "$f" /tmp/devroot; done
+  prefix=(-DCMAKE_PREFIX_PATH=/tmp/devroot/usr)
+fi
+if [ -z "${FP4MOE_ARCH:-}" ]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  case "$cc" in 90|100|103|120|121) FP4MOE_ARCH="${cc}a" ;; *) FP4MOE_ARCH="$cc" ;; esac
+fi
+
+if has build; then
+  log "build for sm_${FP4MOE_ARCH}"
+  start=$(date +%s)
+  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=${FP4MOE_ARCH}-real" \
+       "${prefix[@]}" > "$OUT/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" >> "$OUT/build.log" 2>&1; then
+    log "build ok in $(( $(date +%s) - start )) s"
+  else
+    log "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
+  fi
+  grep -E "spill|warning" "$OUT/build.log" | grep -v "0 bytes spill" | head -20 > "$OUT/build-warnings.txt"
+fi
+
+if has cpu; then
+  log "CPU tests"
+  if "$build/tests/fp4moe_tests" --gtest_brief=1 > "$OUT/cpu-tests.log" 2>&1; then log "CPU tests ok"; else
+    log "CPU TESTS FAILED"; tail -30 "$OUT/cpu-tests.log"; status=1; fi
+fi
+
+if has gpu; then
+  log "GPU tests"
+  start=$(date +%s)
+  if "$build/tests/fp4moe_gpu_tests" --gtest_filter="${FP4MOE_GPU_FILTER:-*}" \
+       --gtest_output=json:"$OUT/gpu-tests.json" > "$OUT/gpu-tests.log" 2>&1; then
+    log "GPU tests ok in $(( $(date +%s) - start )) s"
+  else
+    log "GPU TESTS FAILED"; grep -E "Failure|FAILED|error|Expected|Which is|relative" "$OUT/gpu-tests.log" | head -40; status=1
+  fi
+fi
+
+if has sanitize; then
+  small='GpuMoeLayer.SmallestLegalShapesAndKTail:GpuMoeLayer.SigmoidGroupRouterWithSharedExpert:GpuMoeLayer.GptOssStyleMxfp4ClampedSwigluWithBiases'
+  for tool in memcheck racecheck synccheck; do
+    log "compute-sanitizer $tool"
+    if compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/fp4moe_gpu_tests" \
+         --gtest_filter="$small" > "$OUT/sanitizer-$tool.log" 2>&1; then
+      log "$tool clean: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+    else
+      log "$tool FOUND ERRORS"; grep -E "=====" "$OUT/sanitizer-$tool.log" | head -30; status=1
+    fi
+  done
+fi
+
+if has bench; then
+  log "bench"
+  # shellcheck disable=SC2086
+  "$build/fp4moe" bench --json "$OUT/bench.json" ${FP4MOE_BENCH_ARGS:-} > "$OUT/bench.txt" 2> "$OUT/bench.err" || {
+    log "BENCH FAILED"; tail -20 "$OUT/bench.err"; status=1; }
+  cat "$OUT/bench.txt"
+fi
+cat "$OUT/summary.txt"
+exit $status
