@@ -42,22 +42,73 @@ __device__ __forceinline__ float activation(StreamEpilogue epi, float gate, floa
 
 }  // namespace
 
+// Where one work item's data lives (for the warp's loader and for its consumer).
+template <int NT>
+struct ItemView {
+  int expert;
+  int slot0;    // first slot (row of the expert's token block in the grouped order)
+  int m_count;  // valid tokens in the block (<= 8 * NT)
+  int tile0;    // first 16-row tile within the expert
+  const std::uint8_t* wbase;       // the expert's row group, chunk 0
+  const std::uint16_t* arow[NT];   // this lane's activation row (token g of each 8-token tile), at 16t
+  bool avalid[NT];
+};
+
+template <int MT, int NT>
+__device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active, int g,
+                                                  int t) {
+  ItemView<NT> v;
+  const int pb = static_cast<int>(item / p.row_blocks);
+  const int rb = static_cast<int>(item % p.row_blocks);
+  // Active expert a with tb_prefix[a] <= pb < tb_prefix[a + 1].
+  int lo = 0, hi = n_active - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.tb_prefix[mid] <= pb) lo = mid; else hi = mid - 1;
+  }
+  v.expert = p.active[lo];
+  v.slot0 = p.offsets[v.expert] + (pb - p.tb_prefix[lo]) * 8 * NT;
+  v.m_count = min(8 * NT, p.offsets[v.expert + 1] - v.slot0);
+  v.tile0 = rb * MT;
+  v.wbase = p.weights + static_cast<std::int64_t>(v.expert) * p.expert_stride +
+            static_cast<std::int64_t>(v.tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks * WeightLayout::kBlockBytes +
+            (v.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int s = 8 * j + g;
+    v.avalid[j] = s < v.m_count;
+    const std::int64_t row = !v.avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[v.slot0 + s] : v.slot0 + s);
+    v.arow[j] = p.act + row * p.act_ld + 16 * t;
+  }
+  return v;
+}
+
+// Named barrier for the k_split warps of one group (ids 1..8; 0 is __syncthreads).
+__device__ __forceinline__ void group_barrier(int group, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
+}
+
+// NOTE: each lane's 32 activation bytes are stored as two 16-byte halves, swapped for odd g, so
+// that the 8 lanes of one LDS.128 phase hit 8 distinct 4-bank groups (no bank conflicts).
+__device__ __forceinline__ int act_half_offset(int lane, int half) { return (half ^ ((lane >> 2) & 1)) * 16; }
+
 // Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
 // the build's resource report and `fp4moe plan` look kernels up by it.
 template <int MT, int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(256) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages) {
+__global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const StreamGemmConfig cfg{MT, NT, stages, warps};
+  const StreamGemmConfig cfg{MT, NT, stages, warps, k_split};
   const int stage_bytes = StreamGemmLayout::stage_bytes(cfg);
   const std::uint32_t ring = smem_addr(smem) + warp * StreamGemmLayout::warp_bytes(cfg);
+  float* partials = reinterpret_cast<float*>(smem + StreamGemmLayout::reduction_offset(cfg));
   constexpr int kScaleOff = MT * StreamGemmLayout::kWeightTileBytes;
   constexpr int kActOff = kScaleOff + MT * StreamGemmLayout::kScaleTileBytes;
-  static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 1, 1}), "layout drift");
+  static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 2, 1, 1}), "layout drift");
 
   // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
   // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
@@ -66,62 +117,62 @@ __global__ void __launch_bounds__(256) fp4moe_stream_gemm(const StreamGemmArgs p
 
   const int n_active = *p.n_active;
   const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+  const int groups_per_cta = warps / k_split;
+  const int group = warp / k_split;
+  const int kw = warp % k_split;
+  const std::int64_t first_item = static_cast<std::int64_t>(blockIdx.x) * groups_per_cta + group;
+  const std::int64_t item_stride = static_cast<std::int64_t>(gridDim.x) * groups_per_cta;
+  // This warp's share of K, in chunks of 64.
+  const int kb = p.n_chunks * kw / k_split;
+  const int ke = p.n_chunks * (kw + 1) / k_split;
 
-  for (std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * warps + warp; item < total_items; item += stride) {
-    const int pb = static_cast<int>(item / p.row_blocks);
-    const int rb = static_cast<int>(item % p.row_blocks);
-    // Active expert a with tb_prefix[a] <= pb < tb_prefix[a + 1].
-    int lo = 0, hi = n_active - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.tb_prefix[mid] <= pb) lo = mid; else hi = mid - 1;
-    }
-    const int e = p.active[lo];
-    const int slot0 = p.offsets[e] + (pb - p.tb_prefix[lo]) * 8 * NT;
-    const int m_count = min(8 * NT, p.offsets[e + 1] - slot0);
-    const int tile0 = rb * MT;
-    const std::uint8_t* wbase = p.weights + static_cast<std::int64_t>(e) * p.expert_stride +
-                                static_cast<std::int64_t>(tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks *
-                                    WeightLayout::kBlockBytes;
-    const int tile_in_group = tile0 % WeightLayout::kTilesPerGroup;
-
-    // This lane's activation row for each token tile (token g of the tile).
-    const std::uint16_t* arow[NT];
-    bool avalid[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int s = 8 * j + g;
-      avalid[j] = s < m_count;
-      const std::int64_t row = !avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + s] : slot0 + s);
-      arow[j] = p.act + row * p.act_ld + 16 * t;
-    }
-
-    auto load_stage = [&](int chunk) {
-      const std::uint32_t st = ring + (chunk % stages) * stage_bytes;
-      const std::uint8_t* blk = wbase + static_cast<std::int64_t>(chunk) * WeightLayout::kBlockBytes;
+  // The loader runs stages-1 chunks ahead of the consumer, across item boundaries.
+  std::int64_t ld_item = first_item;
+  int ld_chunk = kb;
+  int ld_slot = 0;
+  ItemView<NT> ld{};
+  const bool has_chunks = ke > kb;
+  if (has_chunks && ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t);
+  auto issue = [&]() {
+    if (has_chunks && ld_item < total_items) {
+      const std::uint32_t st = ring + ld_slot * stage_bytes;
+      const std::uint8_t* blk = ld.wbase + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16,
-                   blk + (tile_in_group + i) * WeightLayout::kTileWeightBytes + lane * 16);
+        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16, blk + i * WeightLayout::kTileWeightBytes + lane * 16);
       }
       if (lane < MT * 4) {
-        cp_async16(st + kScaleOff + lane * 16,
-                   blk + WeightLayout::kBlockWeightBytes + tile_in_group * WeightLayout::kTileScaleBytes + lane * 16);
+        // wbase points at tile tile_in_group; its scales follow the group's 4 weight tiles.
+        const std::uint8_t* sc = blk - (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes +
+                                 WeightLayout::kBlockWeightBytes +
+                                 (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileScaleBytes;
+        cp_async16(st + kScaleOff + lane * 16, sc + lane * 16);
       }
-      const int k0 = chunk * WeightLayout::kChunkK + 16 * t;
-      if (k0 < p.k) {
+      if (ld_chunk * WeightLayout::kChunkK + 16 * t < p.k) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          if (avalid[j]) {
+          if (ld.avalid[j]) {
             const std::uint32_t dst = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
-            cp_async16(dst, arow[j] + chunk * WeightLayout::kChunkK);
-            cp_async16(dst + 16, arow[j] + chunk * WeightLayout::kChunkK + 8);
+            const std::uint16_t* src = ld.arow[j] + ld_chunk * WeightLayout::kChunkK;
+            cp_async16(dst + act_half_offset(lane, 0), src);
+            cp_async16(dst + act_half_offset(lane, 1), src + 8);
           }
         }
       }
-    };
+      if (++ld_chunk == ke) {
+        ld_chunk = kb;
+        ld_item += item_stride;
+        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t);
+      }
+    }
+    cp_async_commit();
+    ld_slot = ld_slot + 1 == stages ? 0 : ld_slot + 1;
+  };
+  for (int i = 0; i < stages - 1; ++i) issue();
 
+  int slot = 0;
+  for (std::int64_t item = first_item; item < total_items; item += item_stride) {
+    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, g, t);
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -130,27 +181,22 @@ __global__ void __launch_bounds__(256) fp4moe_stream_gemm(const StreamGemmArgs p
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-    const int n_chunks = p.n_chunks;
-    for (int c = 0; c < stages - 1; ++c) {
-      if (c < n_chunks) load_stage(c);
-      cp_async_commit();
-    }
-    for (int c = 0; c < n_chunks; ++c) {
+    for (int c = kb; c < ke; ++c) {
       cp_async_wait_dynamic(stages - 2);
       __syncwarp();
       // Refill the slot consumed in the previous iteration (every lane is past it now).
-      if (c + stages - 1 < n_chunks) load_stage(c + stages - 1);
-      cp_async_commit();
+      issue();
 
-      const std::uint32_t st = ring + (c % stages) * stage_bytes;
+      const std::uint32_t st = ring + slot * stage_bytes;
+      slot = slot + 1 == stages ? 0 : slot + 1;
       const bool k_ok = c * WeightLayout::kChunkK + 16 * t < p.k;
       std::uint32_t b[NT][4][2];
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        if (avalid[j] && k_ok) {
+        if (cur.avalid[j] && k_ok) {
           const std::uint32_t src = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
-          const uint4 lo4 = lds128(src);
-          const uint4 hi4 = lds128(src + 16);
+          const uint4 lo4 = lds128(src + act_half_offset(lane, 0));
+          const uint4 hi4 = lds128(src + act_half_offset(lane, 1));
           b[j][0][0] = lo4.x; b[j][0][1] = lo4.y;
           b[j][1][0] = lo4.z; b[j][1][1] = lo4.w;
           b[j][2][0] = hi4.x; b[j][2][1] = hi4.y;
@@ -181,53 +227,79 @@ __global__ void __launch_bounds__(256) fp4moe_stream_gemm(const StreamGemmArgs p
         }
       }
     }
-    cp_async_wait<0>();
-    __syncwarp();
 
-    // Epilogue: lane holds rows g and g+8 of each tile, tokens 8j + 2t + {0, 1}.
-    const float* ps = p.post_scale + 2 * e;
+    // Epilogue of one m16n8 tile: lane holds rows g, g+8 for tokens 8j + 2t + {0, 1}.
+    const float* ps = p.post_scale + 2 * cur.expert;
+    auto store_tile = [&](int i, int j, const float (&v)[4]) {
+      const int tile = cur.tile0 + i;
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      const int tile = tile0 + i;
+      for (int q = 0; q < 2; ++q) {
+        const int n = 8 * j + 2 * t + q;
+        if (n >= cur.m_count) continue;
+        const std::int64_t out_row = cur.slot0 + n;
+        if constexpr (EPI == StreamEpilogue::kStoreF32) {
+          float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int n = 8 * j + 2 * t + q;
-          if (n >= m_count) continue;
-          const std::int64_t slot = slot0 + n;
-          if constexpr (EPI == StreamEpilogue::kStoreF32) {
-            float* y = static_cast<float*>(p.out) + slot * p.out_ld;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int row = tile * 16 + g + 8 * h;
-              if (row >= p.rows) continue;
-              float v = acc[i][j][2 * h + q] * ps[0];
-              if (p.bias != nullptr) v += p.bias[static_cast<std::int64_t>(e) * p.rows + row];
-              y[row] = v;
-            }
-          } else {
-            const int inter = p.rows / 2;
-            const int jj = tile * 8 + g;  // intermediate index of this lane's gate/up pair
-            if (jj >= inter) continue;
-            float gate = acc[i][j][q] * ps[0];
-            float up = acc[i][j][2 + q] * ps[1];
-            if (p.bias != nullptr) {
-              gate += p.bias[(static_cast<std::int64_t>(e) * 2 + 0) * inter + jj];
-              up += p.bias[(static_cast<std::int64_t>(e) * 2 + 1) * inter + jj];
-            }
-            const float v = activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-            static_cast<std::uint16_t*>(p.out)[slot * p.out_ld + jj] = f32_to_bf16_bits(v);
+          for (int h = 0; h < 2; ++h) {
+            const int row = tile * 16 + g + 8 * h;
+            if (row >= p.rows) continue;
+            float val = v[2 * h + q] * ps[0];
+            if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(cur.expert) * p.rows + row];
+            y[row] = val;
           }
+        } else {
+          const int inter = p.rows / 2;
+          const int jj = tile * 8 + g;  // intermediate index of this lane's gate/up pair
+          if (jj >= inter) continue;
+          float gate = v[q] * ps[0];
+          float up = v[2 + q] * ps[1];
+          if (p.bias != nullptr) {
+            gate += p.bias[(static_cast<std::int64_t>(cur.expert) * 2 + 0) * inter + jj];
+            up += p.bias[(static_cast<std::int64_t>(cur.expert) * 2 + 1) * inter + jj];
+          }
+          const float val = activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
+          static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
         }
       }
+    };
+
+    if (k_split == 1) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) store_tile(i, j, acc[i][j]);
+    } else {
+      // Partial sums of the group's warps meet in shared memory: [warp][i][j][q][lane].
+      float* mine = partials + warp * (MT * NT * 4 * 32);
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) mine[((i * NT + j) * 4 + q) * 32 + lane] = acc[i][j][q];
+      group_barrier(group, k_split * 32);
+      // Warp kw reduces tiles i = kw, kw + k_split, ... in the fixed warp order (deterministic).
+      const float* first = partials + group * k_split * (MT * NT * 4 * 32);
+      for (int i = kw; i < MT; i += k_split) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int w = 0; w < k_split; ++w) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) v[q] += first[w * (MT * NT * 4 * 32) + ((i * NT + j) * 4 + q) * 32 + lane];
+          }
+          store_tile(i, j, v);
+        }
+      }
+      group_barrier(group, k_split * 32);
     }
   }
+  cp_async_wait<0>();
 }
 
 namespace {
 
-using KernelFn = void (*)(const StreamGemmArgs, const int);
+using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 
 template <int MT, int NT>
 KernelFn pick_epilogue(StreamEpilogue epi) {
@@ -259,7 +331,7 @@ KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
 
 cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
   const KernelFn fn = kernel_for(config, epilogue);
-  if (fn == nullptr || config.warps < 1 || config.warps > 8 || config.stages < 2 || config.stages > 16) {
+  if (fn == nullptr || !StreamGemmLayout::valid(config)) {
     return cudaErrorInvalidValue;
   }
   const int smem = static_cast<int>(StreamGemmLayout::cta_bytes(config));
@@ -282,7 +354,7 @@ cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epi
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
                                int grid, bool pdl, cudaStream_t stream) {
   const KernelFn fn = kernel_for(config, epilogue);
-  if (fn == nullptr) return cudaErrorInvalidValue;
+  if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(grid));
   lc.blockDim = dim3(static_cast<unsigned>(StreamGemmLayout::threads(config)));
@@ -293,7 +365,7 @@ cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfi
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&lc, fn, args, config.stages);
+  return cudaLaunchKernelEx(&lc, fn, args, config.stages, config.k_split);
 }
 
 }  // namespace fp4moe::kernels

@@ -4,20 +4,25 @@
 // the planner sizes configurations with the same functions, so a plan that fits always launches.
 // Pure C++17 (no CUDA headers): host code includes it too.
 //
-// Work split (one warp = one work item at a time; warps never wait for each other):
+// Work split:
 //
 //   weights of one expert [N rows, K]        activations of that expert's tokens [M, K]
 //   +---------------------------+            +---------------------------+
 //   | item: m_tiles*16 rows     | x          | n_tiles*8 tokens          |   -> acc[m_tiles*16 x n_tiles*8]
-//   |  streamed over K in       |            |  same K chunks            |
-//   |  chunks of 64             |            |                           |
+//   |  K split over k_split     |            |  same K chunks            |
+//   |  warps, chunks of 64      |            |                           |
 //   +---------------------------+            +---------------------------+
 //
-// Each warp owns a ring of `stages` buffers in shared memory, filled with cp.async one K chunk
-// ahead of use per stage; one stage holds, for one chunk of 64 K values:
+// A CTA of `warps` warps holds warps / k_split groups; the k_split warps of a group share one
+// item, each streaming a contiguous part of K, and add their partial sums through shared memory
+// in a fixed order (deterministic). Each warp owns a ring of `stages` buffers filled with
+// cp.async; the ring runs on across items, so the next item's weights stream in while the
+// current one is reduced and written. One stage holds, for one chunk of 64 K values:
 //   weights  m_tiles x 512 B  (16 rows x 64 values x 4 bits, in mma fragment order)
 //   scales   m_tiles x  64 B  (16 rows x 4 blocks of 16, one byte each)
 //   acts     n_tiles x 1024 B (8 tokens x 64 values x bf16)
+// After the rings: the reduction area, one partial accumulator tile set per warp
+// (m_tiles x n_tiles x 4 floats x 32 lanes), present only when k_split > 1.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +30,15 @@
 namespace fp4moe::kernels {
 
 struct StreamGemmConfig {
-  int m_tiles = 1;  // 16-row mma tiles per warp item (1, 2 or 4)
-  int n_tiles = 1;  // 8-token mma tiles per warp item (1, 2 or 4)
-  int stages = 8;   // per-warp pipeline depth
-  int warps = 8;    // warps per CTA (independent; the CTA only shares the SM)
+  int m_tiles = 1;  // 16-row mma tiles per item (1, 2 or 4)
+  int n_tiles = 1;  // 8-token mma tiles per item (1, 2 or 4)
+  int stages = 4;   // per-warp pipeline depth
+  int warps = 8;    // warps per CTA
+  int k_split = 1;  // warps sharing one item (1, 2, 4 or 8; divides warps)
 
   constexpr bool operator==(const StreamGemmConfig& o) const {
-    return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps;
+    return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps &&
+           k_split == o.k_split;
   }
 };
 
@@ -41,6 +48,7 @@ struct StreamGemmLayout {
   static constexpr int kScaleTileBytes = 64;    // 16 x 4
   static constexpr int kActTileBytes = 1024;    // 8 x 64 x 2
   static constexpr int kStageAlign = 128;
+  static constexpr int kPartialTileBytes = 4 * 32 * 4;  // one m16n8 fp32 accumulator tile
 
   static constexpr int weight_offset(const StreamGemmConfig&) { return 0; }
   static constexpr int scale_offset(const StreamGemmConfig& c) { return c.m_tiles * kWeightTileBytes; }
@@ -52,13 +60,25 @@ struct StreamGemmLayout {
     return (raw + kStageAlign - 1) / kStageAlign * kStageAlign;
   }
   static constexpr int warp_bytes(const StreamGemmConfig& c) { return c.stages * stage_bytes(c); }
-  static constexpr std::int64_t cta_bytes(const StreamGemmConfig& c) {
+  static constexpr int partial_bytes_per_warp(const StreamGemmConfig& c) {
+    return c.k_split > 1 ? c.m_tiles * c.n_tiles * kPartialTileBytes : 0;
+  }
+  static constexpr std::int64_t reduction_offset(const StreamGemmConfig& c) {
     return static_cast<std::int64_t>(c.warps) * warp_bytes(c);
   }
+  static constexpr std::int64_t cta_bytes(const StreamGemmConfig& c) {
+    return reduction_offset(c) + static_cast<std::int64_t>(c.warps) * partial_bytes_per_warp(c);
+  }
   static constexpr int threads(const StreamGemmConfig& c) { return c.warps * 32; }
+  // Whether the kernel accepts the shape at all (the planner then checks the device limits).
+  static constexpr bool valid(const StreamGemmConfig& c) {
+    return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= 8 &&
+           (c.k_split == 1 || c.k_split == 2 || c.k_split == 4 || c.k_split == 8) && c.warps % c.k_split == 0;
+  }
 };
 
-static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8}) == 1664);
-static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8}) == 106496);
+static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8, 1}) == 1664);
+static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8, 1}) == 106496);
+static_assert(StreamGemmLayout::cta_bytes({4, 1, 3, 8, 4}) == 8 * 3 * 3328 + 8 * 4 * 512);
 
 }  // namespace fp4moe::kernels

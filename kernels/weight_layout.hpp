@@ -21,13 +21,15 @@
 // (one scale per row per chunk, not one per step), and its B values for a token are 32
 // contiguous bytes of the activation row.
 //
-// The 16 bytes of lane (g, t) are 4 words, one per k-step s. Word s holds 8 E2M1 codes arranged
-// so that each bf16x2 A register comes out of one shift and one LOP3 (see decode_e2m1x8):
-//   bits 15:12 row g   k 4s+0      bits 31:28 row g   k 4s+1      -> register a0 (lo, hi)
-//   bits 11:8  row g+8 k 4s+0      bits 27:24 row g+8 k 4s+1      -> a1
-//   bits  7:4  row g   k 4s+2      bits 23:20 row g   k 4s+3      -> a2
-//   bits  3:0  row g+8 k 4s+2      bits 19:16 row g+8 k 4s+3      -> a3
-// (k relative to 16t within the chunk). The scale pair of lane (g, t) is the byte of row g then
+// The 16 bytes of lane (g, t) are 4 words, one per k-step s. Word s holds the 8 E2M1 codes of
+// the four bf16x2 A registers of that step:
+//   a0 = row g   k 4s+{0, 1}     a1 = row g+8 k 4s+{0, 1}
+//   a2 = row g   k 4s+{2, 3}     a3 = row g+8 k 4s+{2, 3}      (k relative to 16t; lo, hi half)
+// Each code's four bits (sign, e1, e0, m) are stored where one rotation brings them to their
+// place in the register (bf16 bits 15 | 8 7 | 6, and 31 | 24 23 | 22 for the high half): a0 and
+// a1 need a single rotation and one AND, a2 and a3 two rotations (sign and magnitude bits come
+// from different ones): 11 integer instructions per 8 values, the fewest a search over all bit
+// placements found (kSignRot / kMagRot). The scale pair of lane (g, t) is the byte of row g then
 // the byte of row g+8, for NVFP4 block 4*chunk + t (MXFP4: the 32-block holding it).
 //
 // Decoding. An E2M1 code s|e1 e0|m placed at bf16 bits 15 | 8 7 | 6 reads as the bf16 number
@@ -78,24 +80,43 @@ struct WeightLayout {
 
 static_assert(WeightLayout::kBlockBytes == 64 * 64 / 2 + 64 * 4);
 
-// The bit position (of the lowest bit) of the code for (row half h: 0 = row g, 1 = row g+8,
-// k offset o in 0..3 within step s) inside word s. Used by the repack; decode_e2m1x8 is its inverse.
-FP4MOE_HD constexpr int code_bit(int h, int o) {
-  // o = 0: 12 / 8, o = 1: 28 / 24, o = 2: 4 / 0, o = 3: 20 / 16
-  return (o & 1) * 16 + (o & 2 ? 0 : 8) + (h ? 0 : 4);
+// Rotations (right, 32-bit) that bring register i's sign bits and magnitude bits into place.
+inline constexpr int kSignRot[4] = {0, 3, 1, 2};
+inline constexpr int kMagRot[4] = {0, 3, 6, 13};
+inline constexpr std::uint32_t kSignBits = 0x80008000u;  // bf16 sign of both halves
+inline constexpr std::uint32_t kMagBits = 0x01c001c0u;   // e1 e0 m: bf16 bits 8:6 of both halves
+
+// The A register (0..3) and half (0 = lo) that hold the code of tile row half h (0: row g,
+// 1: row g+8) at k offset o (0..3) within a k-step.
+FP4MOE_HD constexpr int code_register(int h, int o) { return (o / 2) * 2 + h; }
+FP4MOE_HD constexpr int code_half(int o) { return o & 1; }
+
+// Where bit b (0: m, 1: e0, 2: e1, 3: sign) of that code is stored in the step's word.
+FP4MOE_HD constexpr int code_bit_position(int h, int o, int b) {
+  const int reg = code_register(h, o);
+  const int base = 16 * code_half(o);
+  const int target = b == 3 ? 15 : 6 + b;  // bit in the register's half
+  const int rot = b == 3 ? kSignRot[reg] : kMagRot[reg];
+  return (base + target + rot) % 32;
+}
+
+FP4MOE_HD std::uint32_t rotr32(std::uint32_t w, int n) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(w, w, static_cast<unsigned>(n));
+#else
+  return n == 0 ? w : (w >> n) | (w << (32 - n));
+#endif
 }
 
 // Word s (8 codes) -> the four bf16x2 A registers of k-step s, each element e2m1 * 2^-126.
 FP4MOE_HD void decode_e2m1x8(std::uint32_t w, std::uint32_t (&a)[4]) {
-  constexpr std::uint32_t kSign = 0x80008000u;
-  constexpr std::uint32_t kMag = 0x01c001c0u;
-  // Register i takes the codes at bits 15-4i:12-4i and 31-4i:28-4i: shifted left by 4i they sit
-  // at 15:12 and 31:28; sign bit -> bit 15/31, e1 e0 m -> bits 8:6 / 24:22 (a right shift by 6).
-  a[0] = (w & kSign) | ((w >> 6) & kMag);
-  a[1] = ((w << 4) & kSign) | ((w >> 2) & kMag);
-  a[2] = ((w << 8) & kSign) | ((w << 2) & kMag);
-  a[3] = ((w << 12) & kSign) | ((w << 6) & kMag);
+  a[0] = w & (kSignBits | kMagBits);
+  a[1] = rotr32(w, 3) & (kSignBits | kMagBits);
+  a[2] = (rotr32(w, 1) & kSignBits) | (rotr32(w, 6) & kMagBits);
+  a[3] = (rotr32(w, 2) & kSignBits) | (rotr32(w, 13) & kMagBits);
 }
+
+static_assert(kSignRot[0] == kMagRot[0] && kSignRot[1] == kMagRot[1], "a0, a1 use one rotation each");
 
 // Scale byte -> bf16 bits of the scale factor (see the header comment).
 FP4MOE_HD constexpr std::uint32_t scale_bits(std::uint32_t byte) { return byte * 16u + WeightLayout::kScaleBitsBias; }

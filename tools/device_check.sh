@@ -9,7 +9,8 @@
 #
 # Environment: FP4MOE_ARCH (default: the local GPU's, e.g. 90a), FP4MOE_BENCH_ARGS (extra
 # arguments of `fp4moe bench`), FP4MOE_GPU_FILTER (GoogleTest filter of the GPU tests),
-# FP4MOE_STEPS (any of: build cpu gpu sanitize bench; default all).
+# FP4MOE_STEPS (any of: build cpu gpu sanitize bench profile; default all but profile),
+# FP4MOE_COMMIT (the commit to report when the tree has no .git). At most 8 files are written.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -20,8 +21,7 @@ status=0
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
-cat "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/summary.txt"
 
 prefix=()
 if [ -d .device-debs ]; then
@@ -43,23 +43,23 @@ if has build; then
   else
     log "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
   fi
-  grep -E "spill|warning" "$OUT/build.log" | grep -v "0 bytes spill" | head -20 > "$OUT/build-warnings.txt"
+  grep -E "spill|warning" "$OUT/build.log" | grep -v "0 bytes spill" | head -20
 fi
 
 if has cpu; then
   log "CPU tests"
-  if "$build/tests/fp4moe_tests" --gtest_brief=1 > "$OUT/cpu-tests.log" 2>&1; then log "CPU tests ok"; else
-    log "CPU TESTS FAILED"; tail -30 "$OUT/cpu-tests.log"; status=1; fi
+  if "$build/tests/fp4moe_tests" --gtest_brief=1 > "$OUT/tests.log" 2>&1; then log "CPU tests ok"; else
+    log "CPU TESTS FAILED"; tail -30 "$OUT/tests.log"; status=1; fi
 fi
 
 if has gpu; then
   log "GPU tests"
   start=$(date +%s)
   if "$build/tests/fp4moe_gpu_tests" --gtest_filter="${FP4MOE_GPU_FILTER:-*}" \
-       --gtest_output=json:"$OUT/gpu-tests.json" > "$OUT/gpu-tests.log" 2>&1; then
+       --gtest_output=json:"$OUT/gpu-tests.json" >> "$OUT/tests.log" 2>&1; then
     log "GPU tests ok in $(( $(date +%s) - start )) s"
   else
-    log "GPU TESTS FAILED"; grep -E "Failure|FAILED|error|Expected|Which is|relative" "$OUT/gpu-tests.log" | head -40; status=1
+    log "GPU TESTS FAILED"; grep -E "Failure|FAILED|error|Expected|Which is|relative" "$OUT/tests.log" | head -40; status=1
   fi
 fi
 
@@ -68,20 +68,30 @@ if has sanitize; then
   for tool in memcheck racecheck synccheck; do
     log "compute-sanitizer $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/fp4moe_gpu_tests" \
-         --gtest_filter="$small" > "$OUT/sanitizer-$tool.log" 2>&1; then
-      log "$tool clean: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+         --gtest_filter="$small" > /tmp/sanitizer-$tool.log 2>&1; then
+      log "$tool clean: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitizer-$tool.log | tail -1)"
     else
-      log "$tool FOUND ERRORS"; grep -E "=====" "$OUT/sanitizer-$tool.log" | head -30; status=1
+      log "$tool FOUND ERRORS"; grep -E "=====" /tmp/sanitizer-$tool.log | head -30; status=1
     fi
+    cat /tmp/sanitizer-$tool.log >> "$OUT/sanitizer.log"
   done
 fi
 
 if has bench; then
   log "bench"
   # shellcheck disable=SC2086
-  "$build/fp4moe" bench --json "$OUT/bench.json" ${FP4MOE_BENCH_ARGS:-} > "$OUT/bench.txt" 2> "$OUT/bench.err" || {
-    log "BENCH FAILED"; tail -20 "$OUT/bench.err"; status=1; }
+  "$build/fp4moe" bench --json "$OUT/bench.json" ${FP4MOE_BENCH_ARGS:-} > "$OUT/bench.txt" 2> /tmp/bench.err || {
+    log "BENCH FAILED"; tail -20 /tmp/bench.err; status=1; }
   cat "$OUT/bench.txt"
+fi
+
+if has profile; then
+  log "profile (ncu, one forward per token count)"
+  ncu --clock-control none -k regex:'fp4moe|route|group|finalize' \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    "$build/fp4moe" bench --no-baseline --iterations 1 --warmup 0 --sets 1 ${FP4MOE_PROFILE_ARGS:---tokens 1,64} \
+    > "$OUT/profile.txt" 2>&1 || { log "PROFILE FAILED"; tail -20 "$OUT/profile.txt"; }
+  grep -E "fp4moe_|route|group_|Duration|duration|dram__|inst_executed|issue_active|warps_active" "$OUT/profile.txt" | head -120
 fi
 cat "$OUT/summary.txt"
 exit $status

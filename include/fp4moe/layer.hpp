@@ -91,8 +91,11 @@ struct LayerWeights {
 };
 
 // Random weights of realistic scale for tests and benchmarks, drawn directly as quantized codes
-// and scales (cheap even for the 5 GB GLM-5 layer): E2M1 codes uniform, block scales spread over
-// a realistic range, global scales of trained checkpoints (~1e-4..1e-3). Deterministic in seed.
+// and scales (cheap even for the 5 GB GLM-5 layer): E2M1 codes distributed like ModelOpt's output
+// for Gaussian weights (both signs), NVFP4 block scales E4M3 64..448, global scales 2e-5..1e-4
+// (gate and up share one), MXFP4 scales 2^-8..2^-5, so that weights are ~0.01-0.05; small random
+// correction_bias (sigmoid router) and BF16 biases (expert_bias); router_weight left empty.
+// Deterministic in seed, whatever the thread count (docs/NUMERICS.md).
 LayerWeights random_layer_weights(const LayerDesc& desc, std::uint64_t seed);
 
 }  // namespace fp4moe

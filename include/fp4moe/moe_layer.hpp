@@ -26,12 +26,14 @@ namespace fp4moe {
 using Stream = CUstream_st*;  // the same type as cudaStream_t
 
 // The decode kernel's configuration (see kernels/stream_gemm_layout.hpp): 16*m_tiles weight
-// rows x 8*n_tiles tokens per warp, `stages`-deep per-warp pipeline, `warps` per CTA.
+// rows x 8*n_tiles tokens per work item, K of an item split over k_split warps, a `stages`-deep
+// per-warp pipeline, `warps` per CTA.
 struct StreamGemmChoice {
-  int m_tiles = 1;
+  int m_tiles = 4;
   int n_tiles = 1;
-  int stages = 8;
+  int stages = 3;
   int warps = 8;
+  int k_split = 1;
 };
 
 struct MoeLayerOptions {

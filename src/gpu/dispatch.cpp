@@ -21,30 +21,29 @@ double expected_active_experts(const LayerDesc& desc, std::int64_t tokens) {
 StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                       const DeviceLimits& limits) {
   // Tokens per active expert decides the token tile: one 8-token mma tile covers decode; more
-  // tiles per warp reuse each decoded weight fragment for more tokens.
+  // tiles per item reuse each decoded weight fragment for more tokens.
   const double active = expected_active_experts(desc, tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   const int n_tiles = per_expert <= 8.0 ? 1 : (per_expert <= 16.0 ? 2 : 4);
+  // 64 rows per item where registers allow: the per-chunk overhead (waits, addresses, the
+  // activation loads) is then shared by four weight tiles.
+  const int m_tiles = n_tiles == 4 ? 2 : 4;
 
-  // Rows per warp item: as many as keeps every warp of the grid busy with several items (more
-  // rows per item re-read the activations less often).
+  // Split K over as many warps as it takes to give every resident warp work: at T=1 GLM-5's
+  // first GEMM has 8 experts x 64 row groups = 512 items for 2 x 8 x 132 resident warps.
   const std::int64_t rows = which == Gemm::kGateUp ? 2 * desc.intermediate : desc.hidden;
+  const std::int64_t k = which == Gemm::kGateUp ? desc.hidden : desc.intermediate;
   const std::int64_t tiles = kernels::WeightLayout::groups(rows) * kernels::WeightLayout::kTilesPerGroup;
-  const double token_blocks = active * std::ceil(per_expert / (8.0 * n_tiles));
+  const std::int64_t chunks = kernels::WeightLayout::chunks(k);
+  const double items = active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
   const double resident_warps = static_cast<double>(limits.sm_count) * 16.0;
-  int m_tiles = 1;
-  for (int mt : {4, 2}) {
-    if (n_tiles == 4 && mt == 4) continue;  // (4, 4) is not compiled (register budget)
-    if (token_blocks * static_cast<double>(tiles / mt) >= 4.0 * resident_warps) {
-      m_tiles = mt;
-      break;
-    }
-  }
-  // Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory allows (in flight
-  // bytes hide HBM latency), capped at 12 stages.
-  StreamGemmConfig c{m_tiles, n_tiles, 2, 8};
+  int k_split = 1;
+  while (k_split < 8 && items * k_split < resident_warps && 2 * k_split <= chunks) k_split *= 2;
+
+  // Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory allows.
+  StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};
   const std::int64_t budget = std::min(limits.smem_per_block_optin, limits.smem_per_sm / 2 - 1024);
-  while (c.stages < 12) {
+  while (c.stages < 8) {
     StreamGemmConfig next = c;
     ++next.stages;
     if (StreamGemmLayout::cta_bytes(next) > budget) break;
@@ -54,8 +53,9 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
 }
 
 std::string to_string(const StreamGemmConfig& c) {
-  return fmt::format("stream m{}xn{} ({} rows x {} tokens per warp), {} stages, {} warps, {} B smem", c.m_tiles,
-                     c.n_tiles, 16 * c.m_tiles, 8 * c.n_tiles, c.stages, c.warps, StreamGemmLayout::cta_bytes(c));
+  return fmt::format("stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
+                     "{} B smem", c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages,
+                     c.warps, StreamGemmLayout::cta_bytes(c));
 }
 
 }  // namespace fp4moe::gpu

@@ -109,11 +109,11 @@ struct MoeLayer::Impl {
   float* y = nullptr;
 
   mutable std::mutex mu;
-  mutable std::map<std::tuple<int, int, int, int, int>, int> grid_cache;
+  mutable std::map<std::tuple<int, int, int, int, int, int>, int> grid_cache;
 
   StreamGemmConfig config(std::int64_t tokens, gpu::Gemm which) const {
     const auto& forced = which == gpu::Gemm::kGateUp ? options.gemm1 : options.gemm2;
-    if (forced) return {forced->m_tiles, forced->n_tiles, forced->stages, forced->warps};
+    if (forced) return {forced->m_tiles, forced->n_tiles, forced->stages, forced->warps, forced->k_split};
     return gpu::choose_stream_config(desc, tokens, which, limits);
   }
 
@@ -125,10 +125,14 @@ struct MoeLayer::Impl {
 
   // Persistent grid: every SM filled with as many CTAs as fit (the occupancy of this config).
   int grid(const StreamGemmConfig& c, kernels::StreamEpilogue epi) const {
-    const auto key = std::make_tuple(c.m_tiles, c.n_tiles, c.stages, c.warps, static_cast<int>(epi));
+    const auto key = std::make_tuple(c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split, static_cast<int>(epi));
     std::lock_guard<std::mutex> lock(mu);
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
+    if (!kernels::StreamGemmLayout::valid(c)) {
+      fail(Errc::kInvalidArgument, "stream GEMM config {} is not a valid shape (stages 2..16, warps 1..8, k_split 1, 2, "
+           "4 or 8 dividing warps)", gpu::to_string(c));
+    }
     if (kernels::StreamGemmLayout::cta_bytes(c) > limits.smem_per_block_optin) {
       fail(Errc::kDoesNotFit, "stream GEMM config {} needs {} B of shared memory per block; this GPU allows {} B",
            gpu::to_string(c), kernels::StreamGemmLayout::cta_bytes(c), limits.smem_per_block_optin);

@@ -127,7 +127,9 @@ void fill_layout(std::int64_t device_rows, std::int64_t k, WeightFormat format, 
               if (enc.transform == 1) code ^= 8u;
               const int s = j / 4;
               const int o = j % 4;
-              words[s] |= code << kernels::code_bit(h, o);
+              for (int b = 0; b < 4; ++b) {
+                words[s] |= ((code >> b) & 1u) << kernels::code_bit_position(h, o, b);
+              }
             }
           }
           std::uint8_t* wdst = blk + tile * WeightLayout::kTileWeightBytes + lane * WeightLayout::kLaneWeightBytes;

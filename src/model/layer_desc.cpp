@@ -1,4 +1,6 @@
 // LayerDesc: validation, printing, names and the presets of real models.
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <limits>
 

@@ -186,18 +186,18 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   d.intermediate = 192;
   const LayerWeights w = random_layer_weights(d, 10);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
+  // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps).
+  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}};
   for (const auto& s : shapes) {
-    for (int stages : {2, 5}) {
-      for (int warps : {1, 8}) {
-        MoeLayerOptions o;
-        o.max_tokens = 128;
-        o.gemm1 = StreamGemmChoice{s[0], s[1], stages, warps};
-        o.gemm2 = StreamGemmChoice{s[0], s[1], stages, warps};
-        SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
-                     std::to_string(stages) + " warps " + std::to_string(warps));
-        const MoeLayer layer(w, o);
-        expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
-      }
+    for (const auto& pp : pipes) {
+      MoeLayerOptions o;
+      o.max_tokens = 128;
+      o.gemm1 = StreamGemmChoice{s[0], s[1], pp[0], pp[1], pp[2]};
+      o.gemm2 = StreamGemmChoice{s[0], s[1], pp[0], pp[1], pp[2]};
+      SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
+                   std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " + std::to_string(pp[2]));
+      const MoeLayer layer(w, o);
+      expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
     }
   }
 }

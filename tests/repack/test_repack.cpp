@@ -77,11 +77,13 @@ TEST(Repack, DecodeGivesEveryE2M1CodeTimes2PowMinus126) {
   for (std::uint32_t code = 0; code < 16; ++code) {
     for (int h = 0; h < 2; ++h) {
       for (int o = 0; o < 4; ++o) {
-        const std::uint32_t w = code << kernels::code_bit(h, o);
+        std::uint32_t w = 0;
+        for (int b = 0; b < 4; ++b) w |= ((code >> b) & 1u) << kernels::code_bit_position(h, o, b);
         std::uint32_t a[4];
         kernels::decode_e2m1x8(w, a);
         // (h, o) -> register: a0 (h0, o0/1), a1 (h1, o0/1), a2 (h0, o2/3), a3 (h1, o2/3); o odd = high half.
         const int reg = (o / 2) * 2 + h;
+        ASSERT_EQ(reg, kernels::code_register(h, o));
         const std::uint32_t bits = (a[reg] >> (16 * (o & 1))) & 0xffff;
         EXPECT_EQ(std::ldexp(bf16_value(bits), 126), e2m1_to_float(code)) << "code " << code << " h " << h << " o " << o;
         for (int other = 0; other < 4; ++other) {
@@ -92,6 +94,18 @@ TEST(Repack, DecodeGivesEveryE2M1CodeTimes2PowMinus126) {
       }
     }
   }
+}
+
+TEST(Repack, CodeBitPositionsCoverTheWordOnce) {
+  std::uint32_t seen = 0;
+  for (int h = 0; h < 2; ++h)
+    for (int o = 0; o < 4; ++o)
+      for (int b = 0; b < 4; ++b) {
+        const std::uint32_t bit = 1u << kernels::code_bit_position(h, o, b);
+        EXPECT_EQ(seen & bit, 0u) << "h " << h << " o " << o << " b " << b;
+        seen |= bit;
+      }
+  EXPECT_EQ(seen, 0xffffffffu);
 }
 
 TEST(Repack, ScaleFactorTimesE2M1IsExactForEveryE4M3Scale) {
