@@ -48,7 +48,7 @@ Backend choose_backend(const std::string& requested, std::string& why) {
   if (requested != "auto" && requested != "gpu") {
     throw Error(Errc::kInvalidArgument, fmt::format("--backend {}: expected auto, cpu or gpu", requested));
   }
-  const std::string reason = !gpus ? "no GPU (" + no_gpu + ")" : "the GPU MoE layer is not in this build yet";
+  const std::string reason = !gpus ? "no GPU: " + no_gpu : "the GPU MoE layer is not in this build yet";
   if (requested == "gpu") throw Error(Errc::kUnsupported, "--backend gpu: " + reason);
   why = reason;
   return Backend::kCpuReference;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "common/fail.hpp"
 #include "fp4moe/checkpoint.hpp"
 #include "io/checkpoint_internal.hpp"

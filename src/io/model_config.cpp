@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "common/fail.hpp"
 #include "io/checkpoint_internal.hpp"
 #include "io/file_util.hpp"

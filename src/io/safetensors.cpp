@@ -14,6 +14,8 @@
 #include <set>
 #include <utility>
 
+#include <fmt/ranges.h>
+
 #include "common/fail.hpp"
 #include "io/file_util.hpp"
 

@@ -59,7 +59,8 @@ void FixtureModel::write(const std::filesystem::path& dir) const {
   write_json("hf_quant_config.json", hf_quant_config);
   std::vector<std::string> names;
   for (const auto& [name, t] : tensors) names.push_back(name);
-  const std::size_t per_shard = (names.size() + static_cast<std::size_t>(shards) - 1) / static_cast<std::size_t>(shards);
+  const std::size_t per_shard =
+      (names.size() + static_cast<std::size_t>(shards) - 1) / static_cast<std::size_t>(shards);
   nlohmann::json weight_map = nlohmann::json::object();
   for (int s = 0; s < shards; ++s) {
     const std::string file =
@@ -73,7 +74,9 @@ void FixtureModel::write(const std::filesystem::path& dir) const {
     }
     w.write(dir / file);
   }
-  if (shards > 1) write_json("model.safetensors.index.json", {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}});
+  if (shards > 1)
+    write_json("model.safetensors.index.json",
+               {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}});
 }
 
 namespace {
@@ -100,7 +103,8 @@ void add_nvfp4_expert(FixtureModel& m, const std::string& base, std::int64_t int
 
 void add_bf16_matrix(FixtureModel& m, const std::string& name, std::int64_t rows, std::int64_t cols,
                      std::uint64_t seed, float scale) {
-  m.tensors[name] = bf16_tensor({rows, cols}, random_floats(static_cast<std::size_t>(rows * cols), seed, scale));
+  m.tensors[name] =
+      bf16_tensor({rows, cols}, random_floats(static_cast<std::size_t>(rows * cols), seed, scale));
 }
 
 }  // namespace
@@ -151,17 +155,18 @@ GptOssFixture gpt_oss_fixture(std::uint64_t seed) {
   constexpr std::int64_t h = kFixtureHidden, inter = kFixtureInter, e_count = kFixtureExperts;
   GptOssFixture f;
   FixtureModel& m = f.model;
-  m.config = {{"model_type", "gpt_oss"},
-              {"hidden_size", h},
-              {"intermediate_size", inter},
-              {"num_local_experts", e_count},
-              {"num_experts_per_tok", 2},
-              {"experts_per_token", 2},
-              {"swiglu_limit", 7.0},
-              {"quantization_config",
-               {{"quant_method", "mxfp4"},
-                {"modules_to_not_convert",
-                 {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}}}};
+  m.config = {
+      {"model_type", "gpt_oss"},
+      {"hidden_size", h},
+      {"intermediate_size", inter},
+      {"num_local_experts", e_count},
+      {"num_experts_per_tok", 2},
+      {"experts_per_token", 2},
+      {"swiglu_limit", 7.0},
+      {"quantization_config",
+       {{"quant_method", "mxfp4"},
+        {"modules_to_not_convert",
+         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}}}};
   std::vector<std::uint8_t> gu_blocks, gu_scales, dn_blocks, dn_scales;
   std::vector<float> gu_bias, dn_bias;
   for (std::int64_t e = 0; e < e_count; ++e) {
@@ -179,7 +184,8 @@ GptOssFixture gpt_oss_fixture(std::uint64_t seed) {
     for (std::int64_t r = 0; r < inter; ++r) {
       for (const QuantizedMatrix* q : {&x.gate, &x.up}) {
         gu_blocks.insert(gu_blocks.end(), q->packed.begin() + r * h / 2, q->packed.begin() + (r + 1) * h / 2);
-        gu_scales.insert(gu_scales.end(), q->scales.begin() + r * h / 32, q->scales.begin() + (r + 1) * h / 32);
+        gu_scales.insert(gu_scales.end(), q->scales.begin() + r * h / 32,
+                         q->scales.begin() + (r + 1) * h / 32);
       }
       gu_bias.push_back(x.gate_bias[static_cast<std::size_t>(r)]);
       gu_bias.push_back(x.up_bias[static_cast<std::size_t>(r)]);
@@ -204,14 +210,10 @@ GptOssFixture gpt_oss_fixture(std::uint64_t seed) {
 FixtureModel bf16_fixture(std::uint64_t seed) {
   FixtureModel m;
   m.shards = 2;
-  m.config = {{"model_type", "qwen3_moe"},
-              {"hidden_size", kFixtureHidden},
-              {"intermediate_size", 128},
-              {"moe_intermediate_size", kFixtureInter},
-              {"num_experts", kFixtureExperts},
-              {"num_experts_per_tok", 2},
-              {"norm_topk_prob", true},
-              {"num_hidden_layers", 2}};
+  m.config = {{"model_type", "qwen3_moe"},      {"hidden_size", kFixtureHidden},
+              {"intermediate_size", 128},       {"moe_intermediate_size", kFixtureInter},
+              {"num_experts", kFixtureExperts}, {"num_experts_per_tok", 2},
+              {"norm_topk_prob", true},         {"num_hidden_layers", 2}};
   add_bf16_matrix(m, "model.embed_tokens.weight", 16, kFixtureHidden, seed, 1.0f);
   add_bf16_matrix(m, "lm_head.weight", 16, kFixtureHidden, seed + 1, 0.1f);
   const std::vector<float> ones(kFixtureHidden, 1.0f);
@@ -219,10 +221,12 @@ FixtureModel bf16_fixture(std::uint64_t seed) {
   for (int layer = 0; layer < 2; ++layer) {
     const std::string p = fmt::format("model.layers.{}.", layer);
     m.tensors[p + "input_layernorm.weight"] = bf16_tensor({kFixtureHidden}, ones);
-    add_bf16_matrix(m, p + "self_attn.q_proj.weight", kFixtureHidden, kFixtureHidden, seed + 2 + layer, 0.05f);
+    add_bf16_matrix(m, p + "self_attn.q_proj.weight", kFixtureHidden, kFixtureHidden, seed + 2 + layer,
+                    0.05f);
     add_bf16_matrix(m, p + "mlp.gate.weight", kFixtureExperts, kFixtureHidden, seed + 4 + layer, 0.2f);
     for (std::int64_t e = 0; e < kFixtureExperts; ++e) {
-      const std::uint64_t s = seed + 100 * static_cast<std::uint64_t>(layer + 1) + 10 * static_cast<std::uint64_t>(e);
+      const std::uint64_t s =
+          seed + 100 * static_cast<std::uint64_t>(layer + 1) + 10 * static_cast<std::uint64_t>(e);
       const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
       add_bf16_matrix(m, x + "gate_proj.weight", kFixtureInter, kFixtureHidden, s, 0.05f);
       add_bf16_matrix(m, x + "up_proj.weight", kFixtureInter, kFixtureHidden, s + 1, 0.08f);

@@ -72,15 +72,20 @@ TEST(InspectModel, WarnsAboutAnomalies) {
   const ModelInfo info = inspect_model(dir.path());
   const auto& w = info.warnings;
   EXPECT_THAT(w, Contains(HasSubstr("model.layers.1.mlp expert 1: gate_proj weight_scale_2 = ")));
-  EXPECT_THAT(w, Contains(HasSubstr("'" + x + "2.down_proj.weight_scale_2' = 0: not a finite positive scale")));
-  EXPECT_THAT(w, Contains(HasSubstr("'" + x + "0.gate_proj.weight_scale': 1 NaN block scales (the first at flat "
-                                                 "index 5)")));
-  EXPECT_THAT(w, Contains(HasSubstr("'" + x + "0.gate_proj.weight_scale': 1 zero block scales (the first at flat "
-                                                 "index 3")));
+  EXPECT_THAT(w,
+              Contains(HasSubstr("'" + x + "2.down_proj.weight_scale_2' = 0: not a finite positive scale")));
+  EXPECT_THAT(w, Contains(HasSubstr("'" + x +
+                                    "0.gate_proj.weight_scale': 1 NaN block scales (the first at flat "
+                                    "index 5)")));
+  EXPECT_THAT(w, Contains(HasSubstr("'" + x +
+                                    "0.gate_proj.weight_scale': 1 zero block scales (the first at flat "
+                                    "index 3")));
   EXPECT_THAT(w, Contains(HasSubstr("'" + x + "0.gate_proj.weight_scale': 1 negative block scales")));
   EXPECT_THAT(w, Contains(HasSubstr("model.layers.1.mlp: 1 expert tensors missing, the first '" + x +
                                     "3.down_proj.weight_scale'")));
-  EXPECT_THAT(w, Contains(HasSubstr("'model.embed_tokens.weight': 1 NaN and 1 Inf values (the first at flat index 2)")));
+  EXPECT_THAT(
+      w,
+      Contains(HasSubstr("'model.embed_tokens.weight': 1 NaN and 1 Inf values (the first at flat index 2)")));
   EXPECT_THAT(w, Contains(HasSubstr("'model.layers.1.mlp.shared_experts.up_proj' is quantized but "
                                     "hf_quant_config.json excludes it")));
   EXPECT_EQ(w.size(), 8u) << ::testing::PrintToString(w);

@@ -48,7 +48,8 @@ float fixture_scalar(const FixtureModel& m, const std::string& name) {
 
 void expect_matrix(const QuantizedMatrix& q, const FixtureModel& m, const std::string& base) {
   EXPECT_EQ(first_difference(q.packed, m.tensors.at(base + ".weight").bytes), -1) << base << ".weight";
-  EXPECT_EQ(first_difference(q.scales, m.tensors.at(base + ".weight_scale").bytes), -1) << base << ".weight_scale";
+  EXPECT_EQ(first_difference(q.scales, m.tensors.at(base + ".weight_scale").bytes), -1)
+      << base << ".weight_scale";
   EXPECT_EQ(std::bit_cast<std::uint32_t>(q.global_scale),
             std::bit_cast<std::uint32_t>(fixture_scalar(m, base + ".weight_scale_2")))
       << base;
@@ -75,8 +76,9 @@ TEST(LoadMoeLayer, ModelOptNvfp4EveryTensorExactly) {
   EXPECT_FALSE(d.expert_bias);
   ASSERT_EQ(w.experts.size(), static_cast<std::size_t>(kFixtureExperts));
   for (int e = 0; e < kFixtureExperts; ++e) {
-    for (const auto& [proj, q] : {std::pair{"gate_proj", &w.experts[e].gate}, std::pair{"up_proj", &w.experts[e].up},
-                                  std::pair{"down_proj", &w.experts[e].down}}) {
+    for (const auto& [proj, q] :
+         {std::pair{"gate_proj", &w.experts[e].gate}, std::pair{"up_proj", &w.experts[e].up},
+          std::pair{"down_proj", &w.experts[e].down}}) {
       expect_matrix(*q, m, fmt::format("model.layers.1.mlp.experts.{}.{}", e, proj));
     }
     EXPECT_EQ(w.experts[e].gate.global_scale, w.experts[e].up.global_scale);
@@ -92,7 +94,8 @@ TEST(LoadMoeLayer, ModelOptNvfp4EveryTensorExactly) {
 
   // The loaded layer runs through the reference: 3 tokens, every output finite.
   std::vector<Bf16> x(3 * kFixtureHidden);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = Bf16::from_float(static_cast<float>(i % 7) * 0.25f - 0.75f);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = Bf16::from_float(static_cast<float>(i % 7) * 0.25f - 0.75f);
   const auto logits = router_logits(w, x, 3);
   const auto r = reference_forward(w, x, logits, 3);
   ASSERT_EQ(r.out.size(), x.size());
@@ -113,31 +116,38 @@ TEST(LoadMoeLayer, RejectsMissingTensorsWrongDtypesAndShapes) {
   const std::string x2 = "model.layers.1.mlp.experts.2.";
   EXPECT_THAT(load_error(m, [&](FixtureModel& f) { f.tensors.erase(x2 + "down_proj.weight_scale"); }),
               HasSubstr("layer 1: tensor '" + x2 + "down_proj.weight_scale' is missing"));
-  EXPECT_THAT(load_error(m, [&](FixtureModel& f) { f.tensors[x2 + "up_proj.weight_scale"].dtype = Dtype::kU8; }),
-              HasSubstr("tensor '" + x2 + "up_proj.weight_scale' is U8, expected F8_E4M3"));
+  EXPECT_THAT(
+      load_error(m, [&](FixtureModel& f) { f.tensors[x2 + "up_proj.weight_scale"].dtype = Dtype::kU8; }),
+      HasSubstr("tensor '" + x2 + "up_proj.weight_scale' is U8, expected F8_E4M3"));
   EXPECT_THAT(load_error(m,
                          [&](FixtureModel& f) {
                            f.tensors[x2 + "gate_proj.weight"].shape = {16, 64};
                          }),
               HasSubstr("tensor '" + x2 + "gate_proj.weight' has shape [16, 64], expected [32, 32]"));
-  EXPECT_THAT(load_error(m,
-                         [&](FixtureModel& f) {
-                           f.tensors[x2 + "gate_proj.weight_scale_2"] = test_util::f32_tensor({2}, std::vector{1.f, 1.f});
-                         }),
-              HasSubstr("tensor '" + x2 + "gate_proj.weight_scale_2' is F32 [2], expected F32 []"));
-  EXPECT_THAT(load_error(m,
-                         [&](FixtureModel& f) {
-                           f.tensors["model.layers.1.mlp.experts.4.up_proj.weight"] =
-                               f.tensors[x2 + "up_proj.weight"];
-                         }),
-              HasSubstr("'model.layers.1.mlp.experts.4.up_proj.weight' is expert 4 but config.json says 4 routed"));
-  EXPECT_THAT(load_error(m, [&](FixtureModel& f) { f.tensors.erase("model.layers.1.mlp.gate.e_score_correction_bias"); }),
-              HasSubstr("'model.layers.1.mlp.gate.e_score_correction_bias' is missing"));
-  EXPECT_THAT(load_error(m,
-                         [&](FixtureModel& f) {
-                           f.tensors["model.layers.1.mlp.gate.weight"].shape = {kFixtureHidden, kFixtureExperts};
-                         }),
-              HasSubstr("'model.layers.1.mlp.gate.weight' has shape [64, 4], expected [4, 64]"));
+  EXPECT_THAT(
+      load_error(
+          m,
+          [&](FixtureModel& f) {
+            f.tensors[x2 + "gate_proj.weight_scale_2"] = test_util::f32_tensor({2}, std::vector{1.f, 1.f});
+          }),
+      HasSubstr("tensor '" + x2 + "gate_proj.weight_scale_2' is F32 [2], expected F32 []"));
+  EXPECT_THAT(
+      load_error(m,
+                 [&](FixtureModel& f) {
+                   f.tensors["model.layers.1.mlp.experts.4.up_proj.weight"] =
+                       f.tensors[x2 + "up_proj.weight"];
+                 }),
+      HasSubstr("'model.layers.1.mlp.experts.4.up_proj.weight' is expert 4 but config.json says 4 routed"));
+  EXPECT_THAT(
+      load_error(
+          m, [&](FixtureModel& f) { f.tensors.erase("model.layers.1.mlp.gate.e_score_correction_bias"); }),
+      HasSubstr("'model.layers.1.mlp.gate.e_score_correction_bias' is missing"));
+  EXPECT_THAT(
+      load_error(m,
+                 [&](FixtureModel& f) {
+                   f.tensors["model.layers.1.mlp.gate.weight"].shape = {kFixtureHidden, kFixtureExperts};
+                 }),
+      HasSubstr("'model.layers.1.mlp.gate.weight' has shape [64, 4], expected [4, 64]"));
 }
 
 TEST(LoadMoeLayer, RejectsBrokenScaleRules) {
@@ -146,24 +156,29 @@ TEST(LoadMoeLayer, RejectsBrokenScaleRules) {
   EXPECT_THAT(load_error(m,
                          [&](FixtureModel& f) {
                            const float other = 1e-3f;
-                           f.tensors[x1 + "up_proj.weight_scale_2"] = test_util::f32_tensor({}, std::span(&other, 1));
+                           f.tensors[x1 + "up_proj.weight_scale_2"] =
+                               test_util::f32_tensor({}, std::span(&other, 1));
                          }),
               HasSubstr("layer 1 expert 1: gate_proj weight_scale_2 = "));
   for (const float bad : {0.0f, -1e-3f, std::numeric_limits<float>::quiet_NaN(), INFINITY}) {
     EXPECT_THAT(load_error(m,
                            [&](FixtureModel& f) {
-                             f.tensors[x1 + "down_proj.weight_scale_2"] = test_util::f32_tensor({}, std::span(&bad, 1));
+                             f.tensors[x1 + "down_proj.weight_scale_2"] =
+                                 test_util::f32_tensor({}, std::span(&bad, 1));
                            }),
                 HasSubstr("'" + x1 + "down_proj.weight_scale_2' = " + fmt::format("{}", bad) +
                           " is not a finite positive scale"));
   }
-  EXPECT_THAT(load_error(m, [&](FixtureModel& f) { f.tensors[x1 + "down_proj.weight_scale"].bytes[9] = 0xff; }),
-              HasSubstr("'" + x1 + "down_proj.weight_scale' holds a NaN block scale (0xff) at [4, 1]"));
+  EXPECT_THAT(
+      load_error(m, [&](FixtureModel& f) { f.tensors[x1 + "down_proj.weight_scale"].bytes[9] = 0xff; }),
+      HasSubstr("'" + x1 + "down_proj.weight_scale' holds a NaN block scale (0xff) at [4, 1]"));
 }
 
 TEST(LoadMoeLayer, RejectsConfigsThatDisagree) {
   const FixtureModel m = test_util::modelopt_fixture(4);
-  EXPECT_THAT(load_error(m, [](FixtureModel&) {}, 0), HasSubstr("layer 0 has no MoE experts (MoE layers: 1)"));
+  EXPECT_THAT(load_error(
+                  m, [](FixtureModel&) {}, 0),
+              HasSubstr("layer 0 has no MoE experts (MoE layers: 1)"));
   EXPECT_THAT(load_error(m, [](FixtureModel& f) { f.config = nullptr; }), HasSubstr("no config.json"));
   EXPECT_THAT(load_error(m,
                          [](FixtureModel& f) {
@@ -176,11 +191,13 @@ TEST(LoadMoeLayer, RejectsConfigsThatDisagree) {
               HasSubstr("\"hidden_size\" is \"64\", expected a non-negative integer"));
   EXPECT_THAT(load_error(m, [](FixtureModel& f) { f.config.erase("num_experts_per_tok"); }),
               HasSubstr("no \"num_experts_per_tok\" or \"experts_per_token\""));
-  EXPECT_THAT(load_error(m, [](FixtureModel& f) { f.config["n_shared_experts"] = 0; }),
-              HasSubstr("layer 1 has a shared expert ('model.layers.1.mlp.shared_experts.gate_proj.weight') but "
-                        "config.json has no n_shared_experts"));
-  EXPECT_THAT(load_error(m, [](FixtureModel& f) { f.hf_quant_config["quantization"]["quant_algo"] = "MXFP4"; }),
-              HasSubstr("hf_quant_config.json declares MXFP4 but layer 1 holds modelopt-nvfp4 experts"));
+  EXPECT_THAT(
+      load_error(m, [](FixtureModel& f) { f.config["n_shared_experts"] = 0; }),
+      HasSubstr("layer 1 has a shared expert ('model.layers.1.mlp.shared_experts.gate_proj.weight') but "
+                "config.json has no n_shared_experts"));
+  EXPECT_THAT(
+      load_error(m, [](FixtureModel& f) { f.hf_quant_config["quantization"]["quant_algo"] = "MXFP4"; }),
+      HasSubstr("hf_quant_config.json declares MXFP4 but layer 1 holds modelopt-nvfp4 experts"));
   EXPECT_THAT(load_error(m, [](FixtureModel& f) { f.config["moe_intermediate_size"] = 48; }),
               HasSubstr("expected [48, 32]"));
 }
@@ -232,21 +249,32 @@ TEST(LoadMoeLayer, GptOssDeinterleavesGateAndUp) {
     EXPECT_EQ(got.down_bias, want.down_bias);
     EXPECT_EQ(got.gate.format, WeightFormat::kMxfp4);
   }
-  EXPECT_EQ(w.router_logit_bias, test_util::fixture_floats(f.model.tensors.at("model.layers.0.mlp.router.bias")));
+  EXPECT_EQ(w.router_logit_bias,
+            test_util::fixture_floats(f.model.tensors.at("model.layers.0.mlp.router.bias")));
   EXPECT_TRUE(w.correction_bias.empty());
 }
 
 TEST(LoadMoeLayer, GptOssRejectsBadBlocks) {
   const auto f = test_util::gpt_oss_fixture(8);
   const std::string p = "model.layers.0.mlp.experts.";
-  EXPECT_THAT(load_error(f.model, [&](FixtureModel& m) { m.tensors[p + "down_proj_blocks"].shape = {4, 64, 16, 1}; }, 0),
+  EXPECT_THAT(load_error(
+                  f.model,
+                  [&](FixtureModel& m) {
+                    m.tensors[p + "down_proj_blocks"].shape = {4, 64, 16, 1};
+                  },
+                  0),
               HasSubstr("'" + p + "down_proj_blocks' has shape [4, 64, 16, 1], expected [4, 64, 1, 16]"));
-  EXPECT_THAT(load_error(f.model, [&](FixtureModel& m) { m.tensors[p + "gate_up_proj_scales"].bytes[200] = 0xff; }, 0),
-              HasSubstr("layer 0 expert 1: a NaN MXFP4 scale (0xff) in the gate_up_proj scales"));
-  EXPECT_THAT(load_error(f.model, [&](FixtureModel& m) { m.tensors.erase(p + "gate_up_proj_bias"); }, 0),
+  EXPECT_THAT(
+      load_error(
+          f.model, [&](FixtureModel& m) { m.tensors[p + "gate_up_proj_scales"].bytes[200] = 0xff; }, 0),
+      HasSubstr("layer 0 expert 1: a NaN MXFP4 scale (0xff) in the gate_up_proj scales"));
+  EXPECT_THAT(load_error(
+                  f.model, [&](FixtureModel& m) { m.tensors.erase(p + "gate_up_proj_bias"); }, 0),
               HasSubstr("'" + p + "gate_up_proj_bias' is missing"));
-  EXPECT_THAT(load_error(f.model, [&](FixtureModel& m) { m.config["model_type"] = "qwen3_moe"; }, 0),
-              HasSubstr("layer 0 holds gpt-oss-mxfp4 experts but config.json describes a ModelOpt-layout model"));
+  EXPECT_THAT(
+      load_error(
+          f.model, [&](FixtureModel& m) { m.config["model_type"] = "qwen3_moe"; }, 0),
+      HasSubstr("layer 0 holds gpt-oss-mxfp4 experts but config.json describes a ModelOpt-layout model"));
 }
 
 }  // namespace

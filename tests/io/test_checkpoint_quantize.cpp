@@ -45,7 +45,8 @@ std::vector<std::uint8_t> tensor_bytes(const SafetensorsFile& f, const std::stri
 // block scale 224 / 6 = 37.33 -> E4M3 36 (0x61); 224 / 36 = 6.22 -> 6 (code 7), -50/36 = -1.39 -> -1.5.
 TEST(QuantizeCheckpoint, HandWorkedNvfp4Bytes) {
   TempDir dir;
-  std::vector<float> x = {112, 336, 560, 784, 1120, 1568, 2240, 2688, -112, -336, -560, -784, -1120, -1568, -2240, -50};
+  std::vector<float> x = {112,  336,  560,  784,  1120,  1568,  2240,  2688,
+                          -112, -336, -560, -784, -1120, -1568, -2240, -50};
   x.insert(x.end(), {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.0f});
   x.resize(64, 0.0f);
   x[48] = 224;
@@ -117,7 +118,8 @@ TEST_F(QuantizedBf16Model, WritesShardsIndexAndHfQuantConfig) {
   EXPECT_EQ(hf["quantization"]["quant_algo"], "NVFP4");
   EXPECT_EQ(hf["quantization"]["group_size"], 16);
   EXPECT_EQ(hf["quantization"]["exclude_modules"],
-            nlohmann::json({"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}));
+            nlohmann::json(
+                {"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate"}));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "config.json"));
   EXPECT_TRUE(std::filesystem::exists(dir / "out" / "tokenizer.json"));
   EXPECT_FALSE(std::filesystem::exists(dir / "out" / "pytorch_model.bin"));
@@ -193,7 +195,9 @@ TEST(QuantizeCheckpoint, Mxfp4LayoutLoadsBack) {
 TEST(QuantizeCheckpoint, ExcludeRegexesAndTensorsThatStayAsTheyAre) {
   TempDir dir;
   SafetensorsWriter w;
-  const auto add = [&](const std::string& name, test_util::FixtureTensor t) { w.add(name, t.dtype, t.shape, t.bytes); };
+  const auto add = [&](const std::string& name, test_util::FixtureTensor t) {
+    w.add(name, t.dtype, t.shape, t.bytes);
+  };
   add("a.q_proj.weight", test_util::bf16_tensor({4, 32}, test_util::random_floats(128, 1, 1.0f)));
   add("a.k_proj.weight", test_util::bf16_tensor({4, 32}, test_util::random_floats(128, 2, 1.0f)));
   add("a.odd.weight", test_util::bf16_tensor({4, 24}, test_util::random_floats(96, 3, 1.0f)));
@@ -210,7 +214,8 @@ TEST(QuantizeCheckpoint, ExcludeRegexesAndTensorsThatStayAsTheyAre) {
   EXPECT_EQ(r.copied, 5);
   const auto in = SafetensorsFile::open(dir / "in.safetensors");
   const auto out = SafetensorsFile::open(dir / "out.safetensors");
-  for (const char* kept : {"a.k_proj.weight", "a.odd.weight", "a.bias3d.weight", "a.q_proj.bias", "a.ids.weight"}) {
+  for (const char* kept :
+       {"a.k_proj.weight", "a.odd.weight", "a.bias3d.weight", "a.q_proj.bias", "a.ids.weight"}) {
     EXPECT_EQ(tensor_bytes(out, kept), tensor_bytes(in, kept)) << kept;
     EXPECT_EQ(out.tensor(kept).dtype, in.tensor(kept).dtype) << kept;
   }
@@ -225,14 +230,16 @@ TEST(QuantizeCheckpoint, RefusesBadInputsWithReasons) {
   const auto t = test_util::bf16_tensor({2, 32}, v);
   w.add("m.up_proj.weight", t.dtype, t.shape, t.bytes);
   w.write(dir / "nan.safetensors");
-  EXPECT_THAT(error_of([&] { quantize_checkpoint(dir / "nan.safetensors", dir / "o.safetensors", {}); }),
-              HasSubstr("tensor 'm.up_proj.weight' element [1, 5] is nan: only finite weights can be quantized"));
+  EXPECT_THAT(
+      error_of([&] { quantize_checkpoint(dir / "nan.safetensors", dir / "o.safetensors", {}); }),
+      HasSubstr("tensor 'm.up_proj.weight' element [1, 5] is nan: only finite weights can be quantized"));
   EXPECT_FALSE(std::filesystem::exists(dir / "o.safetensors"));
 
   QuantizeOptions bad_regex;
   bad_regex.exclude = {"(unclosed"};
-  EXPECT_THAT(error_of([&] { quantize_checkpoint(dir / "nan.safetensors", dir / "o.safetensors", bad_regex); }),
-              HasSubstr("exclude '(unclosed' is not a valid regular expression"));
+  EXPECT_THAT(
+      error_of([&] { quantize_checkpoint(dir / "nan.safetensors", dir / "o.safetensors", bad_regex); }),
+      HasSubstr("exclude '(unclosed' is not a valid regular expression"));
 
   test_util::bf16_fixture(3).write(dir / "model");
   EXPECT_THAT(error_of([&] { quantize_checkpoint(dir / "model", dir / "o.safetensors", {}); }),
@@ -242,7 +249,8 @@ TEST(QuantizeCheckpoint, RefusesBadInputsWithReasons) {
   EXPECT_THAT(error_of([&] { quantize_checkpoint(dir / "none", dir / "o", {}); }), HasSubstr("no such file"));
 
   SafetensorsWriter clash;
-  clash.add("x.weight", t.dtype, t.shape, test_util::bf16_tensor({2, 32}, test_util::random_floats(64, 2, 1.0f)).bytes);
+  clash.add("x.weight", t.dtype, t.shape,
+            test_util::bf16_tensor({2, 32}, test_util::random_floats(64, 2, 1.0f)).bytes);
   clash.add("x.weight_scale", Dtype::kF8E4M3, {2, 2}, std::vector<std::uint8_t>(4, 0x38));
   clash.write(dir / "clash.safetensors");
   EXPECT_THAT(error_of([&] { quantize_checkpoint(dir / "clash.safetensors", dir / "o.safetensors", {}); }),

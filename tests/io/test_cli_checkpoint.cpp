@@ -30,7 +30,8 @@ TEST(CliCheckpoint, QuantizeInspectRunCheck) {
   EXPECT_THAT(i.output, HasSubstr("config.json: model_type qwen3_moe"));
   EXPECT_THAT(i.output, HasSubstr("MoE layers: 2"));
   EXPECT_THAT(i.output, HasSubstr("layer 1 (model.layers.1.mlp): 4 experts, modelopt-nvfp4, H=64 I=32"));
-  EXPECT_THAT(i.output, HasSubstr("model.layers.*.mlp.experts.*.down_proj.weight_scale  F8_E4M3 [64, 2]  x8"));
+  EXPECT_THAT(i.output,
+              HasSubstr("model.layers.*.mlp.experts.*.down_proj.weight_scale  F8_E4M3 [64, 2]  x8"));
   EXPECT_THAT(i.output, HasSubstr("warnings: none"));
 
   const auto r = test_util::run_cli("run --model " + out + " --layer 1 --tokens 5 --check --output " +
@@ -38,7 +39,8 @@ TEST(CliCheckpoint, QuantizeInspectRunCheck) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("backend: cpu-reference ("));
   EXPECT_THAT(r.output, HasSubstr("input: 5 tokens (random standard normal BF16, seed 1)"));
-  EXPECT_THAT(r.output, HasSubstr("check: cpu-reference vs the CPU reference: relative L2 error 0 (0 of 320 values"));
+  EXPECT_THAT(r.output,
+              HasSubstr("check: cpu-reference vs the CPU reference: relative L2 error 0 (0 of 320 values"));
   EXPECT_THAT(r.output, HasSubstr("check: routing ids identical (10 picks)"));
   EXPECT_THAT(r.output, HasSubstr("check: PASS"));
 
@@ -49,8 +51,9 @@ TEST(CliCheckpoint, QuantizeInspectRunCheck) {
   SafetensorsWriter x;
   x.add("hidden_states", Dtype::kBF16, {5, 64}, y.data(y.tensor("hidden_states")));
   x.write(dir / "x.safetensors");
-  const auto r2 = test_util::run_cli("run --model " + out + " --layer 1 --input " + (dir / "x.safetensors").string() +
-                                     " --output " + (dir / "y2.safetensors").string());
+  const auto r2 =
+      test_util::run_cli("run --model " + out + " --layer 1 --input " + (dir / "x.safetensors").string() +
+                         " --output " + (dir / "y2.safetensors").string());
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   const auto y2 = SafetensorsFile::open(dir / "y2.safetensors");
   const auto a = y.data(y.tensor("output")), b = y2.data(y2.tensor("output"));
@@ -73,7 +76,8 @@ TEST(CliCheckpoint, ErrorsNameTheProblem) {
   const auto g = test_util::run_cli("run --model " + (dir / "oss").string() + " --layer 0 --backend gpu");
   EXPECT_EQ(g.exit_code, 1) << g.output;
   EXPECT_THAT(g.output, HasSubstr("--backend gpu: "));
-  const auto c = test_util::run_cli("run --model " + (dir / "oss").string() + " --layer 0 --tokens 3 --check");
+  const auto c =
+      test_util::run_cli("run --model " + (dir / "oss").string() + " --layer 0 --tokens 3 --check");
   EXPECT_EQ(c.exit_code, 0) << c.output;
   EXPECT_THAT(c.output, HasSubstr("topk-softmax"));
   EXPECT_THAT(c.output, HasSubstr("check: PASS"));
