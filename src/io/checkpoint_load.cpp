@@ -389,8 +389,9 @@ LayerWeights load_moe_layer(const std::filesystem::path& model_dir, std::int64_t
     io::expect_tensor(model, rw, {Dtype::kU8}, packed);
     io::expect_tensor(model, loader.require_tensor(s, m.prefix + "." + which + ".weight_scale"),
                       {Dtype::kF8E4M3}, scales);
-    q.packed.assign(loader.bytes(rw).begin(), loader.bytes(rw).end());
-    q.scales.assign(loader.bytes(*s).begin(), loader.bytes(*s).end());
+    const auto packed_bytes = loader.bytes(rw), scale_bytes = loader.bytes(*s);
+    q.packed.assign(packed_bytes.begin(), packed_bytes.end());
+    q.scales.assign(scale_bytes.begin(), scale_bytes.end());
     q.global_scale = loader.scalar_f32(loader.require_tensor(s2, m.prefix + "." + which + ".weight_scale_2"));
     w.router_weight = dequantize(q);
   } else {

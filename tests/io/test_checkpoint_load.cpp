@@ -102,6 +102,19 @@ TEST(LoadMoeLayer, ModelOptNvfp4EveryTensorExactly) {
   for (const auto v : r.out) ASSERT_TRUE(std::isfinite(v.to_float()));
 }
 
+TEST(LoadMoeLayer, QuantizedRouterIsDequantized) {
+  TempDir dir;
+  FixtureModel m = test_util::modelopt_fixture(6);
+  const auto router = test_util::random_floats(kFixtureExperts * kFixtureHidden, 9, 0.3f);
+  const QuantizedMatrix q = quantize_nvfp4(router, kFixtureExperts, kFixtureHidden);
+  const std::string g = "model.layers.1.mlp.gate.";
+  m.tensors[g + "weight"] = {Dtype::kU8, {kFixtureExperts, kFixtureHidden / 2}, q.packed};
+  m.tensors[g + "weight_scale"] = {Dtype::kF8E4M3, {kFixtureExperts, kFixtureHidden / 16}, q.scales};
+  m.tensors[g + "weight_scale_2"] = test_util::f32_tensor({}, std::span(&q.global_scale, 1));
+  m.write(dir.path());
+  EXPECT_EQ(load_moe_layer(dir.path(), 1).router_weight, dequantize(q));
+}
+
 // Writes the fixture after `edit` and returns the error load_moe_layer(layer) throws.
 template <typename Edit>
 std::string load_error(FixtureModel m, Edit&& edit, std::int64_t layer = 1) {
