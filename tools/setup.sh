@@ -18,6 +18,12 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The cross-tool test reads and writes safetensors with Python's own package (NumPy, no torch).
+if ! python3 -c "import safetensors, numpy" >/dev/null 2>&1; then
+  echo "setup: installing Python safetensors and numpy"
+  python3 -m pip install --quiet safetensors numpy ||
+    python3 -m pip install --quiet --break-system-packages safetensors numpy
+fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc found at /usr/local/cuda/bin (add it to PATH to skip this note)"
 fi

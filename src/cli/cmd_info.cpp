@@ -25,10 +25,11 @@ void register_info(CLI::App& app) {
       return;
     }
     for (const auto& g : gpus) {
-      fmt::print("GPU {}: {}, compute capability {}.{} (sm_{}), {} SMs, {} B shared memory per block (opt-in), "
-                 "{} B per SM, {:.0f} MiB L2, {:.1f} GiB\n",
-                 g.index, g.name, g.cc_major, g.cc_minor, g.sm(), g.sm_count, g.smem_per_block_optin,
-                 g.smem_per_sm, g.l2_bytes / 1048576.0, g.global_memory_bytes / 1073741824.0);
+      fmt::print(
+          "GPU {}: {}, compute capability {}.{} (sm_{}), {} SMs, {} B shared memory per block (opt-in), "
+          "{} B per SM, {:.0f} MiB L2, {:.1f} GiB\n",
+          g.index, g.name, g.cc_major, g.cc_minor, g.sm(), g.sm_count, g.smem_per_block_optin, g.smem_per_sm,
+          g.l2_bytes / 1048576.0, g.global_memory_bytes / 1073741824.0);
     }
   });
 }

@@ -10,5 +10,8 @@ void register_info(CLI::App& app);
 void register_explain(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_quantize(CLI::App& app);
+void register_inspect(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace fp4moe::cli

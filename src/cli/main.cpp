@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   fp4moe::cli::register_explain(app);
   fp4moe::cli::register_plan(app);
   fp4moe::cli::register_bench(app);
+  fp4moe::cli::register_quantize(app);
+  fp4moe::cli::register_inspect(app);
+  fp4moe::cli::register_run(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
