@@ -41,7 +41,7 @@ __device__ __forceinline__ int act_piece_offset(int row, int piece) { return row
 }  // namespace
 
 template <int MT, int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(256, 2) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
+__global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   constexpr int kWarps = TileGemmLayout::kWarps;
   constexpr int kThreads = kWarps * 32;
