@@ -98,9 +98,6 @@ struct StreamGemmArgs {
   float swiglu_limit = 7.0f;
 };
 
-// The (m_tiles, n_tiles) instances compiled into the library; the planner picks among these.
-inline constexpr int kStreamTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
-
 // Sets the kernel's dynamic shared memory limit for `config` and reports what the compiled
 // kernel needs: registers per thread and resident CTAs per SM at this config.
 struct KernelAttributes {
@@ -114,7 +111,6 @@ cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfi
 
 // The tiled (prefill) GEMM: same arguments; row_blocks counts row blocks of
 // TileGemmLayout::rows(config) rows and tb_prefix token blocks of TileGemmLayout::tokens(config).
-inline constexpr int kTileShapes[][2] = {{2, 8}, {2, 4}};
 cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
 cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
                              int grid, bool pdl, cudaStream_t stream);

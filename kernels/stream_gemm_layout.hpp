@@ -42,6 +42,12 @@ struct StreamGemmConfig {
   }
 };
 
+// The (m_tiles, n_tiles) template instances compiled into the library (kernel_for in
+// stream_gemm.cu switches over exactly these). Stages, warps and the K split are launch-time
+// values. The planner and the launcher read this one list.
+inline constexpr int kStreamTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2},
+                                               {2, 2}, {4, 2}, {1, 4}, {2, 4}};
+
 struct StreamGemmLayout {
   static constexpr int kChunkK = 64;            // K values per pipeline stage
   static constexpr int kWeightTileBytes = 512;  // 16 x 64 x 0.5

@@ -33,6 +33,11 @@ struct TileGemmConfig {
   }
 };
 
+// The (m_tiles, n_tiles) template instances compiled into the library (tile_kernel_for in
+// tile_gemm.cu switches over exactly these); warps is fixed at 8, stages is a launch-time value.
+// The planner and the launcher read this one list.
+inline constexpr int kTileShapes[][2] = {{2, 8}, {2, 4}};
+
 struct TileGemmLayout {
   static constexpr int kWarps = 8;
   static constexpr int kBlockBytes = 2304;   // one (64-row group, 64-K chunk) weight block

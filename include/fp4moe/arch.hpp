@@ -54,6 +54,10 @@ struct ArchInfo {
   double dram_bandwidth_gbs = 0;  // nominal (datasheet) DRAM bandwidth, GB/s
   double l2_bandwidth_gbs = 0;    // L2 -> SM bandwidth, GB/s (estimated: see docs/PLANNER.md)
   double memory_latency_ns = 0;   // loaded DRAM latency, ns (estimated)
+  // Dense BF16 rate (fp32 accumulate) that mma.sync reaches, TFLOP/s: the rate fp4moe's kernels
+  // (mma.sync m16n8k16) can use. Estimated: the datasheet's dense BF16 tensor peak, times 0.6 on
+  // sm_90 (mma.sync does not reach wgmma's rate on Hopper). Scaled with the device's SM count.
+  double mma_sync_bf16_tflops = 0;
 
   std::string source = "table";    // "table" or "device 0 (NVIDIA H200)"
   std::vector<std::string> notes;  // where the device disagreed with the table, and how figures were set

@@ -19,7 +19,7 @@ constexpr double kL2OverDram = 3.0;
 constexpr double kLatencyNs = 700.0;
 
 ArchInfo make(std::string name, int sm, std::string gpu, std::int64_t optin, std::int64_t per_sm,
-              int threads_per_sm, int blocks_per_sm, int sm_count, double dram_gbs) {
+              int threads_per_sm, int blocks_per_sm, int sm_count, double dram_gbs, double mma_tflops) {
   ArchInfo a;
   a.name = std::move(name);
   a.sm = sm;
@@ -32,28 +32,35 @@ ArchInfo make(std::string name, int sm, std::string gpu, std::int64_t optin, std
   a.dram_bandwidth_gbs = dram_gbs;
   a.l2_bandwidth_gbs = dram_gbs * kL2OverDram;
   a.memory_latency_ns = kLatencyNs;
+  a.mma_sync_bf16_tflops = mma_tflops;
   a.mma_sync_bf16 = true;
   return a;
 }
 
+// NOTE: the mma.sync BF16 rates (last column, TFLOP/s, dense, fp32 accumulate) are estimates:
+// the example GPU's datasheet dense BF16 tensor peak (A100 312, RTX 3090 71, RTX 4090 165,
+// H100 SXM 989, B200/B300 2250, RTX PRO 6000 Blackwell 504), Orin and GB10 from their SM count
+// and clock at the rate per SM of their generation (42.5, 120). On sm_90 mma.sync reaches only
+// about 60% of the peak (the peak needs wgmma): 593. Elsewhere the full peak is assumed, which
+// overstates sm_100/sm_103, where the peak needs tcgen05.
 std::vector<ArchInfo> build_table() {
   std::vector<ArchInfo> t;
   // Ampere: mma.sync only, cp.async (no TMA).
-  t.push_back(make("sm_80", 80, "A100 SXM4 80GB", 166912, 167936, 2048, 32, 108, 2039));
-  t.push_back(make("sm_86", 86, "RTX 3090", 101376, 102400, 1536, 16, 82, 936));
-  t.push_back(make("sm_87", 87, "Jetson AGX Orin 64GB", 166912, 167936, 1536, 16, 16, 204.8));
+  t.push_back(make("sm_80", 80, "A100 SXM4 80GB", 166912, 167936, 2048, 32, 108, 2039, 312));
+  t.push_back(make("sm_86", 86, "RTX 3090", 101376, 102400, 1536, 16, 82, 936, 71));
+  t.push_back(make("sm_87", 87, "Jetson AGX Orin 64GB", 166912, 167936, 1536, 16, 16, 204.8, 42.5));
   // Ada: adds FP8 mma.sync.
-  t.push_back(make("sm_89", 89, "RTX 4090", 101376, 102400, 1536, 24, 128, 1008));
+  t.push_back(make("sm_89", 89, "RTX 4090", 101376, 102400, 1536, 24, 128, 1008, 165));
   t.back().mma_sync_fp8 = true;
   // Hopper: wgmma (sm_90a), TMA, clusters with multicast. No FP4 tensor cores.
-  t.push_back(make("sm_90", 90, "H100 SXM5 80GB", 232448, 233472, 2048, 32, 132, 3350));
+  t.push_back(make("sm_90", 90, "H100 SXM5 80GB", 232448, 233472, 2048, 32, 132, 3350, 989 * 0.6));
   // Datacenter Blackwell: tcgen05/UMMA with tensor memory, block-scaled FP4 through tcgen05.mma.
-  t.push_back(make("sm_100", 100, "B200", 232448, 233472, 2048, 32, 148, 8000));
-  t.push_back(make("sm_103", 103, "B300", 232448, 233472, 2048, 32, 148, 8000));
+  t.push_back(make("sm_100", 100, "B200", 232448, 233472, 2048, 32, 148, 8000, 2250));
+  t.push_back(make("sm_103", 103, "B300", 232448, 233472, 2048, 32, 148, 8000, 2250));
   // Consumer / workstation Blackwell: block-scaled FP4 through mma.sync, TMA, clusters without
   // multicast (CUTLASS's SM120 builder static_asserts a 1x1x1 cluster), 99 KB per block.
-  t.push_back(make("sm_120", 120, "RTX PRO 6000 Blackwell", 101376, 102400, 1536, 32, 188, 1792));
-  t.push_back(make("sm_121", 121, "DGX Spark (GB10)", 101376, 102400, 1536, 32, 48, 273));
+  t.push_back(make("sm_120", 120, "RTX PRO 6000 Blackwell", 101376, 102400, 1536, 32, 188, 1792, 504));
+  t.push_back(make("sm_121", 121, "DGX Spark (GB10)", 101376, 102400, 1536, 32, 48, 273, 120));
   for (auto& a : t) {
     a.mma_sync_fp8 = a.sm >= 89;
     a.wgmma = a.sm == 90;
@@ -125,8 +132,9 @@ std::string ArchInfo::to_string() const {
   s += fmt::format("  TMA: {}, clusters: {}, TMA multicast: {}\n", tma ? "yes" : "no",
                    clusters ? "yes" : "no", tma_multicast ? "yes" : "no");
   s += fmt::format(
-      "  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated)\n",
-      sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns);
+      "  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated), "
+      "mma.sync BF16 {:.0f} TFLOP/s (estimated)\n",
+      sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns, mma_sync_bf16_tflops);
   for (const auto& n : notes) s += "  note: " + n + "\n";
   return s;
 }
@@ -172,7 +180,10 @@ ArchInfo arch_from_gpu(const GpuInfo& gpu) {
   take("max_threads_per_sm", a.max_threads_per_sm, gpu.max_threads_per_sm, "");
   // SM count and bandwidth vary by product within an architecture: the device's figures replace
   // the example GPU's without a note of disagreement.
-  if (gpu.sm_count > 0) a.sm_count = gpu.sm_count;
+  if (gpu.sm_count > 0) {
+    a.mma_sync_bf16_tflops *= static_cast<double>(gpu.sm_count) / a.sm_count;
+    a.sm_count = gpu.sm_count;
+  }
   if (gpu.memory_clock_khz > 0 && gpu.memory_bus_bits > 0) {
     // NOTE: the runtime reports the memory clock such that 2 transfers per clock (DDR) times the
     // bus width gives the datasheet peak (H100 SXM: 2619 MHz x 5120 bit x 2 / 8 = 3.35 TB/s).

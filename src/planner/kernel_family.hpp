@@ -1,7 +1,8 @@
 // What a kernel family tells the planner: its candidate configurations, each with the shared
 // memory its own constexpr layout gives and its threads, and an estimated time. The planner does
 // the rest (resources, occupancy, verdicts, the pick). Adding a family = one class like
-// StreamGemmFamily (stream_gemm_plan.cpp) and one line in planner.cpp's family list.
+// StreamGemmFamily (stream_gemm_plan.cpp) and one line in planner.cpp's family list (and, for the
+// layer's decision, GemmChoice's conversion in layer_plan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "fp4moe/arch.hpp"
 #include "fp4moe/cutlass_model.hpp"
 #include "fp4moe/planner.hpp"
+#include "kernels/stream_gemm_layout.hpp"
+#include "kernels/tile_gemm_layout.hpp"
 
 namespace fp4moe::planner {
 
@@ -60,10 +65,27 @@ class KernelFamily {
 CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, const ArchInfo& arch,
                        const KernelResources* resources);
 
+// The plan's table of candidates (all, or the `top` cheapest feasible ones plus the marked ones),
+// each feasible row marked "PICK" when its index is `pick` and `chosen_word` when it is the
+// plan's cheapest; then the cheapest with its cost breakdown, then the rejected with reasons.
+std::string render_plan(const Plan& plan, int top, int pick, std::string_view chosen_word);
+nlohmann::json problem_to_json(const GemmProblem& problem);
+
+// judge() and, when the candidate is feasible, the family's cost estimate.
+CandidateVerdict evaluate(const KernelFamily& family, const CandidateSpec& spec, const GemmProblem& problem,
+                          const ArchInfo& arch, const KernelResources* resources);
+
 // Judges every candidate of `family`: resources, occupancy, fit, cost; picks the cheapest.
 Plan plan_family(const KernelFamily& family, const GemmProblem& problem, const ArchInfo& arch,
                  const KernelResources* resources);
 
 const KernelFamily& stream_gemm_family();
+const KernelFamily& tile_gemm_family();
+
+// The spec of one configuration for a problem (its resource key carries the problem's
+// epilogue), whether or not it is among the family's candidates: how the layer's decision
+// (layer_plan.cpp) judges a configuration it was handed.
+CandidateSpec stream_gemm_spec(const kernels::StreamGemmConfig& config, const GemmProblem& problem);
+CandidateSpec tile_gemm_spec(const kernels::TileGemmConfig& config, const GemmProblem& problem);
 
 }  // namespace fp4moe::planner

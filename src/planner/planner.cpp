@@ -17,7 +17,7 @@ constexpr double kCostTie = 0.01;
 
 // The family list: add a family here (and its adapter) and `fp4moe plan` knows it.
 std::vector<const planner::KernelFamily*> families() {
-  return {&planner::stream_gemm_family()};
+  return {&planner::stream_gemm_family(), &planner::tile_gemm_family()};
 }
 
 std::string params_text(const std::vector<std::pair<std::string, int>>& params) {
@@ -148,6 +148,18 @@ CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, co
   return c;
 }
 
+CandidateVerdict evaluate(const KernelFamily& family, const CandidateSpec& spec, const GemmProblem& problem,
+                          const ArchInfo& arch, const KernelResources* resources) {
+  CandidateVerdict c = judge(family, spec, arch, resources);
+  if (c.feasible) {
+    const auto cost = family.cost(spec, problem, arch, c.occupancy);
+    c.cost_us = cost.us;
+    c.cost_how = cost.how;
+    c.in_flight_bytes = cost.in_flight_total;
+  }
+  return c;
+}
+
 Plan plan_family(const KernelFamily& family, const GemmProblem& problem, const ArchInfo& arch,
                  const KernelResources* resources) {
   Plan plan;
@@ -164,14 +176,7 @@ Plan plan_family(const KernelFamily& family, const GemmProblem& problem, const A
         resources != nullptr && !resources->origin.empty() ? resources->origin : "no resource source given");
   }
   for (const auto& spec : family.candidates(problem)) {
-    CandidateVerdict c = judge(family, spec, arch, resources);
-    if (c.feasible) {
-      const auto cost = family.cost(spec, problem, arch, c.occupancy);
-      c.cost_us = cost.us;
-      c.cost_how = cost.how;
-      c.in_flight_bytes = cost.in_flight_total;
-    }
-    plan.candidates.push_back(std::move(c));
+    plan.candidates.push_back(evaluate(family, spec, problem, arch, resources));
   }
   // The cheapest; candidates within kCostTie of it count as equal (the model is not that
   // precise), and among those the one with the most loads in flight wins (it hides
@@ -325,9 +330,24 @@ const CandidateVerdict& Plan::best() const {
        problem.to_string(), arch, candidates.size(), closest->label, closest->reason);
 }
 
-std::string Plan::to_string(int top) const {
-  std::string s = fmt::format("plan: {} for {}\n  on {} ({})\n  {}\n", family, problem.to_string(), arch,
-                              arch_source, resources_note);
+namespace planner {
+
+nlohmann::json problem_to_json(const GemmProblem& p) {
+  return {{"gemm", std::string(gemm_kind_name(p.kind))},
+          {"n", p.n},
+          {"k", p.k},
+          {"experts", p.experts},
+          {"top_k", p.top_k},
+          {"tokens", p.tokens},
+          {"format", std::string(format_name(p.format))},
+          {"active_experts", p.active_experts},
+          {"tokens_per_expert", p.tokens_per_expert}};
+}
+
+std::string render_plan(const Plan& plan, int top, int pick, std::string_view chosen_word) {
+  const auto& candidates = plan.candidates;
+  std::string s = fmt::format("plan: {} for {}\n  on {} ({})\n  {}\n", plan.family, plan.problem.to_string(),
+                              plan.arch, plan.arch_source, plan.resources_note);
   s += fmt::format("  {:<16}{:>9}  {:<44}{:>8}{:>6}  {:<22}{:>11}  {}\n", "config", "smem B", "(layout)",
                    "threads", "regs", "blocks/SM (limit)", "est. us", "verdict");
   const auto row = [&](const CandidateVerdict& c, std::string_view verdict) {
@@ -351,24 +371,36 @@ std::string Plan::to_string(int top) const {
       return candidates[x].cost_us < candidates[y].cost_us;
     });
     feasible.resize(static_cast<std::size_t>(top));
-    if (ok() &&
-        std::find(feasible.begin(), feasible.end(), static_cast<std::size_t>(chosen)) == feasible.end()) {
-      feasible.push_back(static_cast<std::size_t>(chosen));
+    for (const int keep : {plan.chosen, pick}) {
+      if (keep >= 0 &&
+          std::find(feasible.begin(), feasible.end(), static_cast<std::size_t>(keep)) == feasible.end()) {
+        feasible.push_back(static_cast<std::size_t>(keep));
+      }
     }
     std::sort(feasible.begin(), feasible.end());
   }
   for (const auto i : feasible) {
-    s += row(candidates[i], static_cast<int>(i) == chosen ? "ok  <- chosen" : "ok");
+    std::string mark;
+    if (static_cast<int>(i) == pick) mark = "PICK";
+    if (static_cast<int>(i) == plan.chosen)
+      mark += std::string(mark.empty() ? "" : ", ") + std::string(chosen_word);
+    s += row(candidates[i], mark.empty() ? "ok" : "ok  <- " + mark);
   }
-  if (ok()) {
-    const auto& b = best();
-    s += fmt::format("  chosen: {} ({}): {:.2f} us estimated; {}\n", b.label, params_text(b.params),
+  if (plan.ok()) {
+    const auto& b = plan.best();
+    s += fmt::format("  {}: {} ({}): {:.2f} us estimated; {}\n", chosen_word, b.label, params_text(b.params),
                      b.cost_us, b.cost_how);
   } else {
-    s += fmt::format("  chosen: none: no candidate is feasible on {}\n", arch);
+    s += fmt::format("  {}: none: no candidate is feasible on {}\n", chosen_word, plan.arch);
   }
   if (!rejected.empty()) s += "  rejected:\n" + rejected;
   return s;
+}
+
+}  // namespace planner
+
+std::string Plan::to_string(int top) const {
+  return planner::render_plan(*this, top, -1, "chosen");
 }
 
 std::string Plan::to_json() const {
@@ -377,15 +409,7 @@ std::string Plan::to_json() const {
   j["arch"] = arch;
   j["arch_source"] = arch_source;
   j["resources"] = resources_note;
-  j["problem"] = {{"gemm", std::string(gemm_kind_name(problem.kind))},
-                  {"n", problem.n},
-                  {"k", problem.k},
-                  {"experts", problem.experts},
-                  {"top_k", problem.top_k},
-                  {"tokens", problem.tokens},
-                  {"format", std::string(format_name(problem.format))},
-                  {"active_experts", problem.active_experts},
-                  {"tokens_per_expert", problem.tokens_per_expert}};
+  j["problem"] = planner::problem_to_json(problem);
   auto arr = nlohmann::json::array();
   for (const auto& c : candidates) {
     nlohmann::json p = nlohmann::json::object();

@@ -35,7 +35,7 @@ StreamGemmConfig config_of(const CandidateSpec& spec) {
 }
 
 bool compiled_tile(int m_tiles, int n_tiles) {
-  for (const auto& shape : kStreamGemmTileShapes) {
+  for (const auto& shape : kernels::kStreamTileShapes) {
     if (shape[0] == m_tiles && shape[1] == n_tiles) return true;
   }
   return false;
@@ -79,8 +79,8 @@ class StreamGemmFamily final : public KernelFamily {
   }
 
   std::vector<CandidateSpec> candidates(const GemmProblem& problem) const override {
-    auto specs = configs();
-    for (auto& s : specs) s.resource_key.push_back(stream_gemm_epilogue(problem));
+    std::vector<CandidateSpec> specs;
+    for (const auto& c : stream_gemm_candidates()) specs.push_back(stream_gemm_spec(c, problem));
     return specs;
   }
 
@@ -150,40 +150,46 @@ class StreamGemmFamily final : public KernelFamily {
     const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
     const double dram = p.active_experts * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
     const double dram_item = dram / items;
+    // Every mma of an item runs, padding tokens of its token tiles included.
+    const double item_flops = 2.0 * 16.0 * c.m_tiles * 8.0 * c.n_tiles * chunks * StreamGemmLayout::kChunkK;
     // Work items go round-robin to every resident group of k_split warps; each warp of a group
     // streams its share of the item's chunks. A round with b busy groups takes the longest of its
-    // DRAM bytes, its L2->SM bytes, and one warp's share at the latency-bound rate of one warp
-    // (its ring in flight per memory latency).
+    // DRAM bytes, its L2->SM bytes, one warp's share at the latency-bound rate of one warp (its
+    // ring in flight per memory latency), and its mma work at the SMs' mma.sync rate (b groups
+    // spread over the SMs, ceil(b / SMs) on the busiest).
     const double groups =
         static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm * (c.warps / c.k_split);
     const double warp_chunks = std::ceil(chunks / c.k_split);
     const double in_flight = c.stages * (weight_chunk + act_chunk);
     struct Round {
-      double t_dram, t_l2, t_latency, t;
+      double t_dram, t_l2, t_latency, t_compute, t;
     };
     const auto round = [&](double busy) {
       Round r{};
       r.t_dram = busy * dram_item / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
       r.t_l2 = busy * l2_item / (arch.l2_bandwidth_gbs * 1e3);
       r.t_latency = warp_chunks * (weight_chunk + act_chunk) * arch.memory_latency_ns * 1e-3 / in_flight;
-      r.t = std::max({r.t_dram, r.t_l2, r.t_latency});
+      r.t_compute = std::ceil(busy / arch.sm_count) * arch.sm_count * item_flops /
+                    (arch.mma_sync_bf16_tflops * 1e6);  // FLOPs / (TFLOP/s) in us
+      r.t = std::max({r.t_dram, r.t_l2, r.t_latency, r.t_compute});
       return r;
     };
     const double full_rounds = std::floor(items / groups);
     const double rest = items - full_rounds * groups;
     const Round first = round(full_rounds > 0 ? groups : rest);
     const double t = full_rounds * round(groups).t + (rest > 0 ? round(rest).t : 0.0);
-    const char* bound = first.t == first.t_dram ? "DRAM" : first.t == first.t_l2 ? "L2" : "latency";
+    const char* bound = first.t == first.t_dram      ? "DRAM"
+                        : first.t == first.t_l2      ? "L2"
+                        : first.t == first.t_latency ? "latency"
+                                                     : "compute";
     CostEstimate e;
     e.us = t;
     e.how = fmt::format(
         "{}-bound: {:.0f} items on {:.0f} groups of {} warp(s) ({:.0f} full round(s) + {:.0f} items); a "
-        "round: DRAM "
-        "{:.2f} us, L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp); {:.2f} MB from DRAM "
-        "at {:.0f} "
-        "GB/s",
+        "round: DRAM {:.2f} us, L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp), mma "
+        "{:.2f} us; {:.2f} MB from DRAM at {:.0f} GB/s",
         bound, items, groups, c.k_split, full_rounds, rest, first.t_dram, first.t_l2, first.t_latency,
-        in_flight, dram / 1e6, arch.dram_bandwidth_gbs);
+        in_flight, first.t_compute, dram / 1e6, arch.dram_bandwidth_gbs);
     e.in_flight_total = in_flight * std::min(items, groups) * std::min<double>(c.k_split, chunks);
     return e;
   }
@@ -193,7 +199,7 @@ class StreamGemmFamily final : public KernelFamily {
 
 std::vector<StreamGemmConfig> stream_gemm_candidates() {
   std::vector<StreamGemmConfig> out;
-  for (const auto& shape : kStreamGemmTileShapes) {
+  for (const auto& shape : kernels::kStreamTileShapes) {
     for (int warps : kStreamGemmWarps) {
       for (int k_split : kStreamGemmKSplits) {
         for (int stages : kStreamGemmStages) {
@@ -217,6 +223,12 @@ std::string stream_gemm_kernel_key(int m_tiles, int n_tiles, int epilogue) {
 int stream_gemm_epilogue(const GemmProblem& problem) {
   if (problem.kind == GemmKind::kDown) return 2;
   return problem.activation == Activation::kSwiGLUClamped ? 1 : 0;
+}
+
+CandidateSpec stream_gemm_spec(const StreamGemmConfig& config, const GemmProblem& problem) {
+  CandidateSpec s = make_spec(config);
+  s.resource_key.push_back(stream_gemm_epilogue(problem));
+  return s;
 }
 
 const KernelFamily& stream_gemm_family() {

@@ -12,10 +12,7 @@
 
 namespace fp4moe::planner {
 
-// NOTE: mirrors kStreamTileShapes in kernels/launch.hpp (the (m_tiles, n_tiles) template
-// instances compiled into the library; that header needs the CUDA runtime, this one must not).
-inline constexpr int kStreamGemmTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2},
-                                                   {2, 2}, {4, 2}, {1, 4}, {2, 4}};
+// The tile shapes are kernels::kStreamTileShapes (the compiled instances, stream_gemm_layout.hpp).
 // Stages, warps and the K split are launch-time values (kernel arguments and the block size):
 // the candidates are those of these that StreamGemmLayout::valid accepts.
 inline constexpr int kStreamGemmStages[] = {2, 3, 4, 6, 8};

@@ -134,7 +134,7 @@ TEST(StreamGemmPlan, EveryAcceptedConfigFitsItsArchitecture) {
         for (std::int64_t t : {1, 7, 4096}) {
           // Alternate between no registers and a heavy register count per instance.
           measured.kernels.clear();
-          for (const auto& shape : planner::kStreamGemmTileShapes) {
+          for (const auto& shape : kernels::kStreamTileShapes) {
             measured.kernels.push_back({planner::stream_gemm_kernel_key(shape[0], shape[1], 0), a.sm,
                                         static_cast<int>(64 + 40 * shape[0] + 16 * shape[1]), 512, 0});
           }
@@ -370,8 +370,8 @@ TEST(ExplainKernel, BadConfigsAndFamiliesAreNamed) {
               HasSubstr("a K split of 1, 2, 4 or 8 that divides the warps"));
   EXPECT_THAT(
       error_of([&] { plan_kernels("prefill-gemm", make_gemm_problem(glm5(), 1, GemmKind::kDown), a); }),
-      HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm)"));
-  EXPECT_EQ(kernel_family_names(), std::vector<std::string>{"stream-gemm"});
+      HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm)"));
+  EXPECT_EQ(kernel_family_names(), (std::vector<std::string>{"stream-gemm", "tile-gemm"}));
 }
 
 TEST(PlanPrinting, TextAndJsonCarryThePickAndTheRejected) {
