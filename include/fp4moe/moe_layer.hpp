@@ -40,6 +40,7 @@ struct GemmChoice {
   int warps = 8;
   int k_split = 1;  // kStream only
 
+  bool operator==(const GemmChoice&) const = default;
   int token_block() const { return 8 * n_tiles; }
   int rows_per_item() const { return kernel == GemmKernel::kTile ? warps * m_tiles * 16 : m_tiles * 16; }
   std::string to_string() const;

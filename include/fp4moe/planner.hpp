@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "fp4moe/cutlass_model.hpp"
 #include "fp4moe/formats.hpp"
 #include "fp4moe/layer.hpp"
+#include "fp4moe/moe_layer.hpp"
 
 namespace fp4moe {
 
@@ -166,11 +168,80 @@ struct KernelExplanation {
 KernelExplanation explain_kernel(std::string_view family, std::string_view config, const ArchInfo& arch,
                                  const KernelResources* resources = nullptr);
 
-// The kernel families the planner knows ("stream-gemm").
+// The kernel families the planner knows ("stream-gemm", "tile-gemm").
 std::vector<std::string> kernel_family_names();
 // Every candidate of the family, judged on `arch` for `problem`. Throws Error naming the family
 // when it is unknown.
 Plan plan_kernels(std::string_view family, const GemmProblem& problem, const ArchInfo& arch,
                   const KernelResources* resources = nullptr);
+
+// ---- the layer's decision: which kernel and configuration one GEMM runs ----------------------
+
+enum class PickSource : std::uint8_t {
+  kForced,      // MoeLayerOptions::gemm1 / gemm2
+  kTuned,       // the tune cache: measured fastest on this GPU (docs/TUNING.md)
+  kDispatcher,  // gpu::choose_gemm's heuristics (tuned on an H200): the default
+  kCheapest,    // the planner's cheapest feasible candidate (the dispatcher's was rejected)
+};
+// "forced by the caller", "tuned on this GPU", "picked by the dispatcher", "the planner's
+// cheapest feasible candidate".
+std::string_view pick_source_name(PickSource source) noexcept;
+
+// A configuration handed to the decision ahead of the dispatcher.
+struct GemmPreference {
+  GemmChoice choice;
+  PickSource source = PickSource::kTuned;  // kForced or kTuned
+  std::string origin;                      // "MoeLayerOptions::gemm1", "tune cache /x/tune.json, bucket 16"
+};
+
+struct LayerGemmPick {
+  GemmProblem problem;
+  GemmChoice choice;         // what runs
+  CandidateVerdict verdict;  // the planner's verdict on it (feasible) with its cost estimate
+  PickSource source = PickSource::kDispatcher;
+  std::string why;  // pick_source_name(source), then why anything ahead of it was passed over
+
+  // "stream-gemm m4 n1 k2 s3 w8 (picked by the dispatcher)"
+  std::string to_string() const;
+};
+
+// The one decision procedure: the layer (MoeLayer) runs exactly this pick, `fp4moe plan` prints it.
+//   1. `preference`, if the planner accepts it on `arch`. A rejected kForced preference throws
+//      Error naming the planner's reason (kInvalidArgument for a shape the kernel does not take or
+//      that is not compiled, kDoesNotFit for the device's limits); a rejected kTuned one is
+//      passed over, with the reason in `why`.
+//   2. gpu::choose_gemm's configuration (the dispatcher), if the planner accepts it.
+//   3. the planner's cheapest feasible candidate over every family, saying why the dispatcher's
+//      was passed over.
+// Throws Error (kDoesNotFit) with the numbers when no candidate is feasible.
+LayerGemmPick pick_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmKind which,
+                              const ArchInfo& arch, const KernelResources* resources = nullptr,
+                              const std::optional<GemmPreference>& preference = std::nullopt);
+
+// The pick and every family's candidates with their verdicts and estimates (the pick is listed
+// in its family's plan, appended when it is not one of the family's candidates).
+struct LayerGemmPlan {
+  std::vector<Plan> plans;  // one per family, in kernel_family_names() order
+  bool ok = false;
+  LayerGemmPick pick;   // meaningful when ok
+  std::string refusal;  // when not ok: why nothing can run, with the numbers
+  // The pick first, then each family's table (the pick and each family's cheapest estimate marked)
+  // and its rejected candidates; `top` > 0 keeps the `top` cheapest feasible rows per family.
+  std::string to_string(int top = 0) const;
+  std::string to_json() const;  // {"problem", "pick": {family, label, kernel, params, source, why, cost_us} |
+                                // null, "refusal", "plans": [...]}
+};
+// Never throws for an infeasible problem (see `ok`); throws like pick_layer_gemm for a rejected
+// forced preference and for bad input.
+LayerGemmPlan plan_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmKind which,
+                              const ArchInfo& arch, const KernelResources* resources = nullptr,
+                              const std::optional<GemmPreference>& preference = std::nullopt);
+
+// The family name ("stream-gemm" or "tile-gemm") and planner label ("m4 n1 k2 s3 w8") of a
+// GemmChoice, and back: choice_of_candidate reads a verdict's params (throws Error for a family
+// the layer cannot run).
+std::string_view gemm_family_name(GemmKernel kernel) noexcept;
+std::string gemm_choice_label(const GemmChoice& choice);
+GemmChoice choice_of_candidate(const CandidateVerdict& candidate);
 
 }  // namespace fp4moe

@@ -1,8 +1,11 @@
-// fp4moe plan: fp4moe's own kernel configurations for one MoE layer at a token count on an
-// architecture: each with shared memory, registers, occupancy, estimated time and verdict, the
-// pick, and the rejected ones with their reasons.
+// fp4moe plan: what fp4moe runs for each expert GEMM of a MoE layer at a token count on an
+// architecture (the layer's own decision: planner::pick_layer_gemm), and beside it every
+// configuration of every kernel family with shared memory, registers, occupancy, estimated time
+// and verdict, the rejected ones with their reasons.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,7 +22,7 @@ namespace {
 
 struct PlanOptions {
   std::string arch = "local";
-  std::string family = "stream-gemm";
+  std::string family;  // empty: every family
   std::string preset;
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;
@@ -58,6 +61,13 @@ LayerDesc layer_of(const PlanOptions& o) {
   return d;
 }
 
+void find_family_or_throw(const std::string& family) {
+  const auto names = kernel_family_names();
+  if (std::find(names.begin(), names.end(), family) == names.end()) {
+    fail(Errc::kInvalidArgument, "unknown kernel family '{}' (known: {})", family, fmt::join(names, ", "));
+  }
+}
+
 void run_plan(const PlanOptions& o) {
   const LayerDesc layer = layer_of(o);
   ArchInfo arch = resolve_arch(o.arch);
@@ -88,9 +98,13 @@ void run_plan(const PlanOptions& o) {
   if (!o.json) {
     fmt::print("layer: {}\n{}", layer.to_string(), arch.to_string());
   }
+  if (!o.family.empty()) find_family_or_throw(o.family);
   for (const auto t : o.tokens) {
     for (const auto kind : kinds) {
-      const Plan plan = plan_kernels(o.family, make_gemm_problem(layer, t, kind), arch, resources);
+      LayerGemmPlan plan = plan_layer_gemm(layer, t, kind, arch, resources);
+      if (!o.family.empty()) {
+        std::erase_if(plan.plans, [&](const Plan& p) { return p.family != o.family; });
+      }
       if (o.json) {
         plans.push_back(nlohmann::json::parse(plan.to_json()));
       } else {
@@ -102,7 +116,7 @@ void run_plan(const PlanOptions& o) {
     nlohmann::json j;
     j["arch"] = arch.name;
     j["arch_notes"] = arch.notes;
-    j["plans"] = plans;
+    j["gemms"] = plans;
     fmt::print("{}\n", j.dump());
   }
 }
@@ -113,11 +127,13 @@ void register_plan(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   auto* cmd =
       app.add_subcommand("plan",
-                         "List fp4moe's kernel configurations for a MoE layer: shared memory, registers, "
-                         "occupancy, estimated time, the pick and the rejected with their reasons");
+                         "Show which kernel configuration fp4moe runs for each expert GEMM of a MoE layer, "
+                         "and every candidate: shared memory, registers, occupancy, estimated time, the "
+                         "rejected with their reasons");
   cmd->add_option("--arch", o->arch, "Architecture (sm_80 ... sm_121) or 'local' for GPU 0")
       ->capture_default_str();
-  cmd->add_option("--family", o->family, "Kernel family (stream-gemm)")->capture_default_str();
+  cmd->add_option("--family", o->family,
+                  "List only this kernel family's candidates (stream-gemm, tile-gemm)");
   std::string presets;
   for (const auto& n : layer_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   cmd->add_option("--preset", o->preset, "Layer shape of a model: " + presets);
@@ -127,9 +143,10 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Experts per token");
   cmd->add_option("--format", o->format, "Weight format: nvfp4 or mxfp4");
   cmd->add_option("--activation", o->activation, "swiglu or swiglu-clamped (gpt-oss)");
-  cmd->add_option("--tokens", o->tokens, "Token count(s), e.g. --tokens 1 16 256")
+  cmd->add_option("--tokens", o->tokens, "Token count(s), e.g. --tokens 1,16,256 or --tokens 1 16 256")
       ->required()
-      ->expected(1, -1);
+      ->expected(1, -1)
+      ->delimiter(',');
   cmd->add_option("--gemm", o->gemm, "gate_up, down or both")->capture_default_str();
   cmd->add_option("--resources", o->resources,
                   "Resource report to read registers from (default: this build's)");
@@ -139,7 +156,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--dram-gbs", o->dram_gbs, "Override the DRAM bandwidth, GB/s");
   cmd->add_option("--l2-gbs", o->l2_gbs, "Override the L2 bandwidth, GB/s");
   cmd->add_option("--sms", o->sms, "Override the SM count");
-  cmd->add_option("--top", o->top, "Print only the N cheapest feasible configs (and the pick); 0: all")
+  cmd->add_option("--top", o->top,
+                  "Print only the N cheapest feasible configs per family (and the pick); 0: all")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object with every plan");
   cmd->callback([o] { run_plan(*o); });

@@ -120,29 +120,64 @@ const char* kGlm5 = "plan --arch sm_120 --hidden 6144 --intermediate 2048 --expe
 TEST(CliPlan, TextShowsThePickAndTheRejected) {
   const auto r = run_cli(std::string(kGlm5) + " --tokens 4 --gemm down");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("PICK: stream-gemm"));
+  EXPECT_THAT(r.output, HasSubstr("picked by the dispatcher"));
   EXPECT_THAT(r.output, HasSubstr("plan: stream-gemm for down N=6144 K=2048"));
-  EXPECT_EQ(count_lines_with(r.output, "<- chosen"), 1);
+  EXPECT_THAT(r.output, HasSubstr("plan: tile-gemm for down N=6144 K=2048"));
+  EXPECT_EQ(count_lines_with(r.output, "<- PICK"), 1);
   EXPECT_THAT(r.output, HasSubstr("rejected:"));
   EXPECT_THAT(r.output, HasSubstr("over by 5120 B"));
+  const auto only = run_cli(std::string(kGlm5) + " --tokens 4 --gemm down --family tile-gemm");
+  ASSERT_EQ(only.exit_code, 0) << only.output;
+  EXPECT_THAT(only.output, HasSubstr("PICK: stream-gemm"));
+  EXPECT_EQ(count_lines_with(only.output, "plan: stream-gemm"), 0);
+  const auto bad = run_cli(std::string(kGlm5) + " --tokens 4 --family prefill-gemm");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.output, HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm)"));
 }
 
-TEST(CliPlan, JsonHasAPlanPerTokenCountAndGemmAndEveryPickFits) {
+TEST(CliPlan, PresetWithCommaSeparatedTokensPrintsBothGemmsAndBothFamilies) {
+  const auto r = run_cli("plan --arch sm_90 --preset glm5 --tokens 1,4096 --top 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "PICK: "), 4) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "<- PICK"), 4) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "plan: stream-gemm for "), 4);
+  EXPECT_EQ(count_lines_with(r.output, "plan: tile-gemm for "), 4);
+  EXPECT_EQ(count_lines_with(r.output, "PICK: stream-gemm"), 2) << r.output;  // T=1
+  EXPECT_EQ(count_lines_with(r.output, "PICK: tile-gemm"), 2) << r.output;    // T=4096
+  EXPECT_EQ(count_lines_with(r.output, "picked by the dispatcher"), 4);
+}
+
+TEST(CliPlan, JsonHasAGemmPerTokenCountAndEveryCandidateFits) {
   const auto r = run_cli(std::string(kGlm5) + " --tokens 1 256 --json --no-resources");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j.at("plans").size(), 4u);
-  for (const auto& p : j.at("plans")) {
-    ASSERT_TRUE(p.at("chosen").is_string());
-    for (const auto& c : p.at("candidates")) {
-      if (c.at("feasible") == true) {
-        EXPECT_LE(c.at("dynamic_smem_bytes").get<int>() + c.at("static_smem_bytes").get<int>(), 101376);
-        EXPECT_GE(c.at("blocks_per_sm").get<int>(), 1);
-      } else {
-        EXPECT_FALSE(c.at("reason").get<std::string>().empty());
+  ASSERT_EQ(j.at("gemms").size(), 4u);
+  // At T=256 the dispatcher's gate_up config needs 1 KB more than sm_120 has: the planner's
+  // cheapest runs instead.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j.at("gemms")[i].at("pick").at("source"),
+              i == 2 ? "the planner's cheapest feasible candidate" : "picked by the dispatcher");
+  }
+  for (const auto& g : j.at("gemms")) {
+    ASSERT_TRUE(g.at("pick").is_object());
+    ASSERT_EQ(g.at("plans").size(), 2u);
+    bool pick_listed = false;
+    for (const auto& p : g.at("plans")) {
+      for (const auto& c : p.at("candidates")) {
+        if (c.at("feasible") == true) {
+          EXPECT_LE(c.at("dynamic_smem_bytes").get<int>() + c.at("static_smem_bytes").get<int>(), 101376);
+          EXPECT_GE(c.at("blocks_per_sm").get<int>(), 1);
+        } else {
+          EXPECT_FALSE(c.at("reason").get<std::string>().empty());
+        }
+        pick_listed = pick_listed || (p.at("family") == g.at("pick").at("family") &&
+                                      c.at("label") == g.at("pick").at("label") && c.at("feasible") == true);
       }
     }
+    EXPECT_TRUE(pick_listed) << g.at("pick").dump();
+    EXPECT_THAT(g.at("plans")[0].at("resources").get<std::string>(), HasSubstr("registers unknown"));
   }
-  EXPECT_THAT(j.at("plans")[0].at("resources").get<std::string>(), HasSubstr("registers unknown"));
 }
 
 TEST(CliPlan, OverridesAndRefusals) {

@@ -1,0 +1,254 @@
+// The layer's decision (planner::pick_layer_gemm / plan_layer_gemm): the dispatcher's config is
+// the pick wherever the planner accepts it; a rejected one falls back to the planner's cheapest
+// with the reason; preferences (forced, tuned) come first; every family is listed.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fp4moe/error.hpp"
+#include "fp4moe/planner.hpp"
+#include "gpu/dispatch.hpp"
+#include "planner/stream_gemm_plan.hpp"
+
+namespace fp4moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename F>
+std::string error_of(F&& f, Errc* code = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (code != nullptr) *code = e.code();
+    return e.what();
+  }
+  return "no error";
+}
+
+LayerDesc layer(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts, std::int64_t top_k) {
+  LayerDesc d;
+  d.hidden = hidden;
+  d.intermediate = intermediate;
+  d.experts = experts;
+  d.top_k = top_k;
+  return d;
+}
+
+LayerDesc glm5() {
+  return layer(6144, 2048, 256, 8);
+}
+
+GemmChoice dispatcher(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const ArchInfo& a) {
+  return gpu::choose_gemm(l, tokens, kind == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown,
+                          {a.sm_count, a.smem_per_block_optin, a.smem_per_sm});
+}
+
+int count_lines_with(const std::string& text, const std::string& what) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
+  return n;
+}
+
+TEST(LayerPlan, TheDispatchersConfigIsThePickWhereThePlannerAcceptsIt) {
+  const auto& a = arch_by_name("sm_90");
+  for (const auto& l : {glm5(), layer(2880, 2880, 128, 4), layer(256, 128, 16, 4)}) {
+    for (const std::int64_t t : {1, 7, 64, 300, 4096}) {
+      for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
+        const auto pick = pick_layer_gemm(l, t, kind, a);
+        SCOPED_TRACE(pick.problem.to_string());
+        EXPECT_EQ(pick.source, PickSource::kDispatcher);
+        EXPECT_EQ(pick.why, "picked by the dispatcher");
+        EXPECT_EQ(pick.choice, dispatcher(l, t, kind, a));
+        EXPECT_TRUE(pick.verdict.feasible);
+        EXPECT_EQ(pick.verdict.label, gemm_choice_label(pick.choice));
+        EXPECT_EQ(pick.verdict.family, gemm_family_name(pick.choice.kernel));
+      }
+    }
+  }
+}
+
+TEST(LayerPlan, DecodeStreamsAndPrefillTiles) {
+  const auto& a = arch_by_name("sm_90");
+  for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
+    EXPECT_EQ(pick_layer_gemm(glm5(), 1, kind, a).choice.kernel, GemmKernel::kStream);
+    EXPECT_EQ(pick_layer_gemm(glm5(), 4096, kind, a).choice.kernel, GemmKernel::kTile);
+  }
+}
+
+TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
+  const auto& a = arch_by_name("sm_90");
+  // 256 registers per thread (more than the 255 a thread may have) for every stream instance of
+  // the down GEMM's epilogue: no stream config fits an SM, the tile configs do.
+  KernelResources measured;
+  measured.source = ResourceSource::kMeasured;
+  measured.origin = "test";
+  for (const auto& s : kernels::kStreamTileShapes) {
+    measured.kernels.push_back({planner::stream_gemm_kernel_key(s[0], s[1], 2), 90, 256, 0, 0});
+  }
+  const auto d = dispatcher(glm5(), 1, GemmKind::kDown, a);
+  ASSERT_EQ(d.kernel, GemmKernel::kStream);
+  const auto plan = plan_layer_gemm(glm5(), 1, GemmKind::kDown, a, &measured);
+  ASSERT_TRUE(plan.ok);
+  EXPECT_EQ(plan.pick.source, PickSource::kCheapest);
+  EXPECT_EQ(plan.pick.choice.kernel, GemmKernel::kTile);
+  EXPECT_THAT(plan.pick.why,
+              HasSubstr("the planner's cheapest feasible candidate; the dispatcher's stream-gemm " +
+                        gemm_choice_label(d) + " is rejected on sm_90: no block fits on an SM"));
+  // The cheapest of every feasible candidate of both families.
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      // Within the families' 1 % tie band (the tie-break prefers more bytes in flight).
+      if (c.feasible) {
+        EXPECT_LE(plan.pick.verdict.cost_us, c.cost_us * 1.01 + 1e-9) << c.family << " " << c.label;
+      }
+    }
+  }
+  EXPECT_THAT(plan.to_string(), HasSubstr("PICK: tile-gemm"));
+}
+
+TEST(LayerPlan, TheDispatchersSm120ConfigThatIsOneKilobyteTooBigIsReplaced) {
+  // GLM-5 at T=256: 8.0003 tokens per expert takes the dispatcher to two token tiles, m4 n2 with
+  // a K split of 2 and its minimum of 2 stages: 8 x 2 x 4352 + 8 x 4096 = 102400 B > 101376 B.
+  const auto& a = arch_by_name("sm_120");
+  ASSERT_EQ(gemm_choice_label(dispatcher(glm5(), 256, GemmKind::kGateUp, a)), "m4 n2 k2 s2 w8");
+  const auto pick = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, a);
+  EXPECT_EQ(pick.source, PickSource::kCheapest);
+  EXPECT_TRUE(pick.verdict.feasible);
+  EXPECT_EQ(
+      pick.why,
+      "the planner's cheapest feasible candidate; the dispatcher's stream-gemm m4 n2 k2 s2 w8 is rejected on "
+      "sm_120: needs 102400 B of shared memory per block (8 warps x 2 stages x 4352 B + 8 x 4096 B), sm_120 "
+      "allows 101376 B: over by 1024 B");
+  // Hopper takes the dispatcher's.
+  EXPECT_EQ(pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).source,
+            PickSource::kDispatcher);
+}
+
+TEST(LayerPlan, ATunedPreferenceComesFirstWhenAccepted) {
+  const auto& a = arch_by_name("sm_120");
+  const GemmChoice tuned{GemmKernel::kStream, 2, 1, 4, 8, 2};
+  const auto pick = pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
+                                    GemmPreference{tuned, PickSource::kTuned, "tune cache x.json, bucket 1"});
+  EXPECT_EQ(pick.source, PickSource::kTuned);
+  EXPECT_EQ(pick.choice, tuned);
+  EXPECT_EQ(pick.why, "tuned on this GPU (tune cache x.json, bucket 1)");
+  EXPECT_EQ(pick.to_string(), "stream-gemm m2 n1 k2 s4 w8 (tuned on this GPU (tune cache x.json, bucket 1))");
+  // 8 warps x 8 stages x 1664 B = 106496 B does not fit sm_120's 101376: passed over, the
+  // dispatcher decides and says so.
+  const GemmChoice too_big{GemmKernel::kStream, 1, 1, 8, 8, 1};
+  const auto over =
+      pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
+                      GemmPreference{too_big, PickSource::kTuned, "tune cache x.json, bucket 1"});
+  EXPECT_EQ(over.source, PickSource::kDispatcher);
+  EXPECT_EQ(over.choice, dispatcher(glm5(), 1, GemmKind::kGateUp, a));
+  EXPECT_THAT(over.why, HasSubstr("picked by the dispatcher; stream-gemm m1 n1 k1 s8 w8 (tune cache x.json, "
+                                  "bucket 1) passed over: needs 106496 B"));
+}
+
+TEST(LayerPlan, ARejectedForcedConfigThrowsThePlannersReason) {
+  const auto& a = arch_by_name("sm_120");
+  const auto forced = [&](const GemmChoice& c) {
+    return GemmPreference{c, PickSource::kForced, "MoeLayerOptions::gemm1"};
+  };
+  Errc code{};
+  EXPECT_THAT(
+      error_of(
+          [&] {
+            pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
+                            forced({GemmKernel::kStream, 1, 1, 8, 8, 1}));
+          },
+          &code),
+      HasSubstr("GEMM config stream-gemm m1 n1 k1 s8 w8 (MoeLayerOptions::gemm1, forced by the caller) is "
+                "rejected by the planner for gate_up N=4096 K=6144"));
+  EXPECT_EQ(code, Errc::kDoesNotFit);
+  EXPECT_THAT(error_of(
+                  [&] {
+                    plan_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
+                                    forced({GemmKernel::kStream, 3, 1, 4, 8, 1}));
+                  },
+                  &code),
+              HasSubstr("(m_tiles, n_tiles) = (3, 1) is not a compiled instance"));
+  EXPECT_EQ(code, Errc::kInvalidArgument);
+  EXPECT_THAT(error_of(
+                  [&] {
+                    pick_layer_gemm(glm5(), 1, GemmKind::kDown, a, nullptr,
+                                    forced({GemmKernel::kTile, 2, 8, 4, 8, 2}));
+                  },
+                  &code),
+              HasSubstr("k_split=2: the tile kernel does not split K"));
+  EXPECT_EQ(code, Errc::kInvalidArgument);
+}
+
+TEST(LayerPlan, AForcedConfigOutsideTheCandidateGridIsJudgedAndListed) {
+  // One warp, 5 stages: a valid launch that is not among the stream family's candidates.
+  const GemmChoice one_warp{GemmKernel::kStream, 1, 1, 5, 1, 1};
+  const auto plan = plan_layer_gemm(glm5(), 3, GemmKind::kDown, arch_by_name("sm_90"), nullptr,
+                                    GemmPreference{one_warp, PickSource::kForced, "MoeLayerOptions::gemm2"});
+  ASSERT_TRUE(plan.ok);
+  EXPECT_EQ(plan.pick.choice, one_warp);
+  EXPECT_EQ(plan.pick.why, "forced by the caller (MoeLayerOptions::gemm2)");
+  ASSERT_EQ(plan.plans.size(), 2u);
+  EXPECT_EQ(plan.plans[0].candidates.back().label, "m1 n1 k1 s5 w1");
+  const auto text = plan.to_string();
+  EXPECT_EQ(count_lines_with(text, "<- PICK"), 1) << text;
+  EXPECT_THAT(text, HasSubstr("m1 n1 k1 s5 w1"));
+}
+
+TEST(LayerPlan, NothingFeasibleIsARefusalWithTheNumbers) {
+  ArchInfo tiny = arch_by_name("sm_120");
+  tiny.name = "sm_tiny";
+  tiny.smem_per_block_optin = 8192;
+  tiny.smem_per_sm = 9216;
+  const auto plan = plan_layer_gemm(glm5(), 1, GemmKind::kDown, tiny);
+  EXPECT_FALSE(plan.ok);
+  EXPECT_THAT(plan.refusal,
+              HasSubstr("plan: no stream-gemm or tile-gemm configuration fits down N=6144 K=2048"));
+  EXPECT_THAT(plan.refusal, HasSubstr("the dispatcher's stream-gemm"));
+  EXPECT_THAT(plan.to_string(), HasSubstr("PICK: none"));
+  EXPECT_TRUE(nlohmann::json::parse(plan.to_json()).at("pick").is_null());
+  Errc code{};
+  error_of([&] { pick_layer_gemm(glm5(), 1, GemmKind::kDown, tiny); }, &code);
+  EXPECT_EQ(code, Errc::kDoesNotFit);
+}
+
+TEST(LayerPlan, PrintsThePickAndBothFamilies) {
+  const auto plan = plan_layer_gemm(glm5(), 4096, GemmKind::kGateUp, arch_by_name("sm_120"));
+  const auto text = plan.to_string(3);
+  EXPECT_THAT(text, HasSubstr("PICK: tile-gemm " + plan.pick.verdict.label + ": picked by the dispatcher"));
+  EXPECT_THAT(text, HasSubstr("plan: stream-gemm for gate_up N=4096 K=6144"));
+  EXPECT_THAT(text, HasSubstr("plan: tile-gemm for gate_up N=4096 K=6144"));
+  EXPECT_EQ(count_lines_with(text, "<- PICK"), 1) << text;
+  EXPECT_EQ(count_lines_with(text, "cheapest estimate: "), 2) << text;
+  const auto j = nlohmann::json::parse(plan.to_json());
+  EXPECT_EQ(j.at("pick").at("source"), "picked by the dispatcher");
+  EXPECT_EQ(j.at("pick").at("family"), "tile-gemm");
+  EXPECT_EQ(j.at("pick").at("kernel"), "tile");
+  EXPECT_EQ(j.at("pick").at("params").at("warps"), 8);
+  EXPECT_EQ(j.at("plans").size(), 2u);
+  EXPECT_EQ(j.at("problem").at("tokens"), 4096);
+}
+
+TEST(LayerPlan, EveryCandidateConvertsToAChoiceAndBack) {
+  const auto plan = plan_layer_gemm(glm5(), 16, GemmKind::kGateUp, arch_by_name("sm_90"));
+  int n = 0;
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      const GemmChoice g = choice_of_candidate(c);
+      EXPECT_EQ(gemm_choice_label(g), c.label);
+      EXPECT_EQ(gemm_family_name(g.kernel), c.family);
+      ++n;
+    }
+  }
+  EXPECT_GT(n, 200);
+  CandidateVerdict other;
+  other.family = "cutlass-grouped";
+  EXPECT_THAT(error_of([&] { choice_of_candidate(other); }), HasSubstr("not one the layer runs"));
+  EXPECT_EQ(pick_source_name(PickSource::kCheapest), "the planner's cheapest feasible candidate");
+}
+
+}  // namespace
+}  // namespace fp4moe
