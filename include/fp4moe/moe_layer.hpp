@@ -3,15 +3,17 @@
 //   fp4moe::MoeLayer layer(weights);                  // uploads and repacks the weights once
 //   layer.forward(stream, x, router_logits, out, T);  // x, logits, out: device pointers
 //
-// forward() neither allocates nor synchronizes with the host: its workspace is sized at
-// construction for options.max_tokens, so a forward can be captured in a CUDA graph and
-// replayed. The same inputs give bitwise the same output on every run (no float atomics).
+// forward() neither allocates device memory nor synchronizes with the host: its workspace is
+// sized at construction for options.max_tokens, so a forward can be captured in a CUDA graph and
+// replayed. The first forward of each token count decides its kernel configurations on the host
+// (planner::pick_layer_gemm, remembered per token count). The same inputs give bitwise the same output on every run (no float atomics).
 //
 // Pointers: x is bf16 [T, H], router_logits fp32 [T, E], out bf16 [T, H], all row-major, on the
 // layer's device, 16-byte aligned. This header needs no CUDA headers; `Stream` is cudaStream_t.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +24,10 @@
 struct CUstream_st;
 
 namespace fp4moe {
+
+namespace gpu {
+class LayerTuning;  // src/gpu/layer_tuning.hpp: times one GEMM of a layer for the autotuner
+}
 
 using Stream = CUstream_st*;  // the same type as cudaStream_t
 
@@ -50,9 +56,19 @@ struct MoeLayerOptions {
   std::int64_t max_tokens = 4096;  // the largest T a forward accepts (sizes the workspace)
   int device = -1;                 // CUDA device; -1: the current one
   bool programmatic_launch = true; // overlap kernel launches with PDL on sm_90+
-  // Force a kernel configuration for every forward (tests, tuning); unset: the planner decides.
+  // Force a kernel configuration for every forward (tests, tuning); unset: the layer decides
+  // (planner::pick_layer_gemm: the tune cache, else the dispatcher's heuristics, each only if the
+  // planner accepts it). A forced configuration the planner rejects makes the constructor throw.
   std::optional<GemmChoice> gemm1;
   std::optional<GemmChoice> gemm2;
+  // The autotuner's cache (docs/TUNING.md), read once at construction: a forward of T tokens runs
+  // the configurations tuned for T's bucket (the largest power of two <= T) when the cache has
+  // them. A cache made on another GPU, CUDA or fp4moe version is ignored with a one-line notice.
+  bool use_tune_cache = true;
+  // Empty: $FP4MOE_TUNE_CACHE, else $XDG_CACHE_HOME/fp4moe/tune.json, else ~/.cache/fp4moe/tune.json.
+  std::string tune_cache_path;
+  // Where the layer's one-line notices go (e.g. why a tune cache was ignored); unset: stderr.
+  std::function<void(const std::string&)> log;
 };
 
 // Where forward() also writes its routing decision (device pointers, [T, k]); optional.
@@ -87,10 +103,11 @@ class MoeLayer {
   std::int64_t weight_bytes() const;     // device bytes of the repacked expert weights
   std::int64_t workspace_bytes() const;  // device bytes of the forward workspace
   int device() const;
-  // What a forward of T tokens runs: kernels, configurations, grid sizes.
+  // What a forward of T tokens runs: kernels, configurations (and who picked them), grid sizes.
   std::string plan_summary(std::int64_t tokens) const;
 
  private:
+  friend class gpu::LayerTuning;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -8,14 +8,17 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "common/fail.hpp"
 #include "fp4moe/arch.hpp"
+#include "fp4moe/device.hpp"
 #include "fp4moe/layer.hpp"
 #include "fp4moe/planner.hpp"
+#include "fp4moe/tune.hpp"
 
 namespace fp4moe::cli {
 namespace {
@@ -34,6 +37,8 @@ struct PlanOptions {
   std::string gemm = "both";
   std::string resources;
   bool no_resources = false;
+  std::string tune_cache;
+  bool no_tune_cache = false;
   double dram_gbs = 0;
   double l2_gbs = 0;
   int sms = 0;
@@ -92,6 +97,18 @@ void run_plan(const PlanOptions& o) {
       resources = &loaded;
     }
   }
+  // On the local GPU the layer would also read the tune cache: so does the plan.
+  std::optional<TuneCache> tuned;
+  std::string tuned_path;
+  const bool local = o.arch.empty() || o.arch == "local";
+  if (local && !o.no_tune_cache) {
+    tuned_path = tune_cache_path(o.tune_cache);
+    if (!tuned_path.empty()) {
+      TuneCacheLoad load = load_tune_cache(tuned_path, tune_metadata_of(list_gpus().front()));
+      if (!load.message.empty()) fmt::print(stderr, "fp4moe: {}\n", load.message);
+      tuned = std::move(load.cache);
+    }
+  }
   std::vector<GemmKind> kinds = {GemmKind::kGateUp, GemmKind::kDown};
   if (o.gemm != "both") kinds = {parse_gemm_kind(o.gemm)};
   auto plans = nlohmann::json::array();
@@ -101,7 +118,9 @@ void run_plan(const PlanOptions& o) {
   if (!o.family.empty()) find_family_or_throw(o.family);
   for (const auto t : o.tokens) {
     for (const auto kind : kinds) {
-      LayerGemmPlan plan = plan_layer_gemm(layer, t, kind, arch, resources);
+      const auto preference =
+          tuned ? tuned_preference(*tuned, tuned_path, layer, t, kind) : std::optional<GemmPreference>();
+      LayerGemmPlan plan = plan_layer_gemm(layer, t, kind, arch, resources, preference);
       if (!o.family.empty()) {
         std::erase_if(plan.plans, [&](const Plan& p) { return p.family != o.family; });
       }
@@ -153,6 +172,10 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--no-resources", o->no_resources,
                 "Ignore resource reports: occupancy from shared memory and "
                 "threads only");
+  cmd->add_option("--tune-cache", o->tune_cache,
+                  "With --arch local: the tune cache the layer would read (default: $FP4MOE_TUNE_CACHE, "
+                  "else the XDG cache directory's fp4moe/tune.json)");
+  cmd->add_flag("--no-tune-cache", o->no_tune_cache, "With --arch local: ignore the tune cache");
   cmd->add_option("--dram-gbs", o->dram_gbs, "Override the DRAM bandwidth, GB/s");
   cmd->add_option("--l2-gbs", o->l2_gbs, "Override the L2 bandwidth, GB/s");
   cmd->add_option("--sms", o->sms, "Override the SM count");

@@ -13,5 +13,6 @@ void register_bench(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_run(CLI::App& app);
+void register_tune(CLI::App& app);
 
 }  // namespace fp4moe::cli

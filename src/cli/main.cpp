@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   fp4moe::cli::register_quantize(app);
   fp4moe::cli::register_inspect(app);
   fp4moe::cli::register_run(app);
+  fp4moe::cli::register_tune(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

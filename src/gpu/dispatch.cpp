@@ -101,11 +101,6 @@ std::int64_t smem_bytes(const GemmChoice& c) {
                                        : StreamGemmLayout::cta_bytes(stream_config(c));
 }
 
-bool valid(const GemmChoice& c) {
-  return c.kernel == GemmKernel::kTile ? kernels::TileGemmLayout::valid(tile_config(c)) && c.k_split == 1
-                                       : StreamGemmLayout::valid(stream_config(c));
-}
-
 std::string to_string(const StreamGemmConfig& c) {
   return fmt::format("stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
                      "{} B smem", c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages,

@@ -1,5 +1,6 @@
-// The decode kernel's configuration for a forward of T tokens. One place decides; the
-// launcher only reads the result.
+// The dispatcher: heuristics (tuned on an H200) that choose the kernel and configuration of each
+// expert GEMM for a forward of T tokens. They are the default of the layer's decision
+// (planner::pick_layer_gemm), which runs them only when the planner accepts them on the device.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,6 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);
 std::int64_t smem_bytes(const GemmChoice& c);
-bool valid(const GemmChoice& c);
 
 std::string to_string(const kernels::StreamGemmConfig& c);
 

@@ -2,24 +2,35 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "common/fail.hpp"
 #include "fp4moe/device.hpp"
+#include "gpu/layer_tuning.hpp"
 
 #if FP4MOE_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
+#include "fp4moe/arch.hpp"
+#include "fp4moe/planner.hpp"
+#include "fp4moe/tune.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/dispatch.hpp"
 #include "gpu/repack.hpp"
+#include "kernels/bench_launch.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
+#include "planner/stream_gemm_plan.hpp"
+#include "planner/tile_gemm_plan.hpp"
 #endif
 
 namespace fp4moe {
@@ -83,6 +94,8 @@ void parallel_for(std::int64_t n, F f) {
 
 std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
+GemmKind gemm_kind(gpu::Gemm which) { return which == gpu::Gemm::kGateUp ? GemmKind::kGateUp : GemmKind::kDown; }
+
 }  // namespace
 
 struct MoeLayer::Impl {
@@ -91,6 +104,10 @@ struct MoeLayer::Impl {
   int device = 0;
   int sm = 0;
   gpu::DeviceLimits limits;
+  ArchInfo arch;              // the device's figures: what the planner judges configurations on
+  KernelResources measured;   // registers of every compiled GEMM instance this layer may launch
+  std::optional<TuneCache> tuned;
+  std::string tune_path;
   int pieces = 0;   // shared-expert pieces (pseudo-experts E .. E+P-1)
   int experts_total = 0;
   std::int64_t stride1 = 0, stride2 = 0;
@@ -109,11 +126,36 @@ struct MoeLayer::Impl {
 
   mutable std::mutex mu;
   mutable std::map<std::tuple<int, int, int, int, int, int, int>, int> grid_cache;
+  // The decision for each token count seen (the first forward of a T decides; later ones look it up).
+  struct Decision {
+    GemmChoice choice[2];
+  };
+  mutable std::mutex decisions_mu;
+  mutable std::map<std::int64_t, Decision> decisions;
 
-  GemmChoice config(std::int64_t tokens, gpu::Gemm which) const {
+  // The layer's decision for GEMM `which` at T tokens (planner::pick_layer_gemm): the forced
+  // option, else the tune cache's entry for T's bucket, else the dispatcher, each only if the
+  // planner accepts it with this device's limits and measured registers.
+  LayerGemmPick pick(std::int64_t tokens, gpu::Gemm which) const {
     const auto& forced = which == gpu::Gemm::kGateUp ? options.gemm1 : options.gemm2;
-    if (forced) return *forced;
-    return gpu::choose_gemm(desc, tokens, which, limits);
+    std::optional<GemmPreference> preference;
+    if (forced) {
+      preference = GemmPreference{*forced, PickSource::kForced,
+                                  which == gpu::Gemm::kGateUp ? "MoeLayerOptions::gemm1" : "MoeLayerOptions::gemm2"};
+    } else if (tuned) {
+      preference = tuned_preference(*tuned, tune_path, desc, tokens, gemm_kind(which));
+    }
+    return pick_layer_gemm(desc, tokens, gemm_kind(which), arch, &measured, preference);
+  }
+
+  const Decision& decide(std::int64_t tokens) const {
+    std::lock_guard<std::mutex> lock(decisions_mu);
+    const auto it = decisions.find(tokens);
+    if (it != decisions.end()) return it->second;
+    Decision d;
+    d.choice[0] = pick(tokens, gpu::Gemm::kGateUp).choice;
+    d.choice[1] = pick(tokens, gpu::Gemm::kDown).choice;
+    return decisions.emplace(tokens, d).first->second;
   }
 
   kernels::StreamEpilogue epilogue(gpu::Gemm which) const {
@@ -122,32 +164,57 @@ struct MoeLayer::Impl {
                                                   : kernels::StreamEpilogue::kSwiGLUClamped;
   }
 
+  // Registers of every compiled instance of both kernels with this layer's two epilogues, named
+  // with the planner's keys, so the planner's occupancy is the device's.
+  void measure_resources() {
+    measured.source = ResourceSource::kMeasured;
+    measured.origin = fmt::format("cudaFuncGetAttributes on device {}", device);
+    for (const auto epi : {epilogue(gpu::Gemm::kGateUp), epilogue(gpu::Gemm::kDown)}) {
+      const int e = static_cast<int>(epi);
+      kernels::KernelAttributes attr;
+      for (const auto& shape : kernels::kStreamTileShapes) {
+        // The smallest launch of the instance: registers do not depend on the launch parameters.
+        FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup({shape[0], shape[1], 2, 1, 1}, epi, &attr));
+        measured.kernels.push_back({planner::stream_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
+      }
+      for (const auto& shape : kernels::kTileShapes) {
+        FP4MOE_CUDA_CHECK(
+            kernels::tile_gemm_setup({shape[0], shape[1], kernels::TileGemmLayout::kWarps, 2}, epi, &attr));
+        measured.kernels.push_back({planner::tile_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
+      }
+    }
+  }
+
+  void load_tune_cache_file() {
+    if (!options.use_tune_cache) return;
+    tune_path = tune_cache_path(options.tune_cache_path);
+    if (tune_path.empty()) return;
+    const auto gpus = list_gpus();
+    TuneCacheLoad load = load_tune_cache(tune_path, tune_metadata_of(gpus.at(static_cast<std::size_t>(device))));
+    if (!load.message.empty()) {
+      if (options.log) {
+        options.log(load.message);
+      } else {
+        fmt::print(stderr, "fp4moe: {}\n", load.message);
+      }
+    }
+    tuned = std::move(load.cache);
+  }
+
   // Persistent grid: every SM filled with as many CTAs as fit (the occupancy of this config).
+  // Only configurations the planner accepted get here.
   int grid(const GemmChoice& c, kernels::StreamEpilogue epi) const {
     const auto key = std::make_tuple(static_cast<int>(c.kernel), c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split,
                                      static_cast<int>(epi));
     std::lock_guard<std::mutex> lock(mu);
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
-    if (!gpu::valid(c)) {
-      fail(Errc::kInvalidArgument, "GEMM config {} is not a valid shape (stream: stages 2..16, warps 1..8, k_split 1, "
-           "2, 4 or 8 dividing warps; tile: stages 2..8, warps * m_tiles a multiple of 4, k_split 1)", c.to_string());
-    }
-    if (gpu::smem_bytes(c) > limits.smem_per_block_optin) {
-      fail(Errc::kDoesNotFit, "GEMM config {} needs {} B of shared memory per block; this GPU allows {} B",
-           c.to_string(), gpu::smem_bytes(c), limits.smem_per_block_optin);
-    }
     kernels::KernelAttributes attr;
-    const cudaError_t err = c.kernel == GemmKernel::kTile ? kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr)
-                                                          : kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr);
-    if (err == cudaErrorInvalidValue) {
-      fail(Errc::kUnsupported, "GEMM config {} is not compiled into this build (tile shapes m x n: stream 1x1 2x1 4x1 "
-           "1x2 2x2 4x2 1x4 2x4; tile 2x8 2x4)", c.to_string());
-    }
-    FP4MOE_CUDA_CHECK(err);
+    FP4MOE_CUDA_CHECK(c.kernel == GemmKernel::kTile ? kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr)
+                                                    : kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr));
     if (attr.max_blocks_per_sm < 1) {
-      fail(Errc::kDoesNotFit, "GEMM config {} cannot be resident on this GPU ({} registers per thread)", c.to_string(),
-           attr.registers);
+      fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but the driver fits no block of it on an SM "
+           "({} registers per thread)", c.to_string(), attr.registers);
     }
     const int g = attr.max_blocks_per_sm * limits.sm_count;
     grid_cache.emplace(key, g);
@@ -170,6 +237,13 @@ struct MoeLayer::Impl {
       FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
     }
   }
+
+  // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
+  // by expert, with token blocks of tb1 tokens for the first GEMM and tb2 for the second.
+  void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens, int tb1,
+                       int tb2) const;
+  // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM).
+  kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x) const;
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
            Bf16* out, std::int64_t tokens, RoutingOutput routing) const;
@@ -202,6 +276,11 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   m.device = dev;
   m.sm = gi.sm();
   m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm};
+  m.arch = arch_from_gpu(gi);
+  m.measure_resources();
+  m.load_tune_cache_file();
+  // A forced configuration's verdict does not depend on T: judge it now, before any upload.
+  if (options.gemm1 || options.gemm2) m.decide(1);
 
   const std::int64_t H = d.hidden, I = d.intermediate, E = d.experts;
   m.pieces = d.shared_intermediate > 0 ? static_cast<int>((d.shared_intermediate + I - 1) / I) : 0;
@@ -315,29 +394,13 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   m.y = reinterpret_cast<float*>(base + o_y);
 }
 
-void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
-                         const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing) const {
-  require(tokens >= 0 && tokens <= options.max_tokens,
-          "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)", tokens,
-          options.max_tokens);
-  if (tokens == 0) return;
-  auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
-  require(x != nullptr && aligned(x), "x must be a 16-byte aligned device pointer");
-  require(out != nullptr && aligned(out), "out must be a 16-byte aligned device pointer");
-  FP4MOE_CUDA_CHECK(cudaSetDevice(device));
+void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
+                                      int tb1, int tb2) const {
   const LayerDesc& d = desc;
-  const int T = static_cast<int>(tokens);
-  const bool pdl = options.programmatic_launch && sm >= 90;
-
-  const GemmChoice c1 = config(tokens, gpu::Gemm::kGateUp);
-  const GemmChoice c2 = config(tokens, gpu::Gemm::kDown);
-  const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
-  const kernels::StreamEpilogue e2 = epilogue(gpu::Gemm::kDown);
-
   kernels::RouteArgs ra;
   ra.logits = logits;
   ra.correction_bias = correction_bias.as<float>();
-  ra.tokens = T;
+  ra.tokens = tokens;
   ra.experts = static_cast<int>(d.experts);
   ra.top_k = static_cast<int>(d.top_k);
   ra.router = d.router == RouterKind::kSoftmaxTopK       ? kernels::RouterId::kSoftmaxTopK
@@ -352,12 +415,12 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
 
   kernels::GroupArgs ga;
   ga.topk_ids = ids_in != nullptr ? ids_in : topk_ids;
-  ga.tokens = T;
+  ga.tokens = tokens;
   ga.top_k = ra.top_k;
   ga.experts = ra.experts;
   ga.shared_pieces = pieces;
-  ga.tb_tokens[0] = c1.token_block();
-  ga.tb_tokens[1] = c2.token_block();
+  ga.tb_tokens[0] = tb1;
+  ga.tb_tokens[1] = tb2;
   ga.counts = counts;
   ga.cursors = cursors;
   ga.offsets = offsets;
@@ -368,7 +431,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   ga.slot_token = slot_token;
   ga.pair_slot = pair_slot;
 
-  if (T <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
+  if (tokens <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
     FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, stream));
   } else {
     FP4MOE_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(experts_total) * 4, stream));
@@ -380,55 +443,80 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
     FP4MOE_CUDA_CHECK(kernels::launch_group_scan(ga, stream));
     FP4MOE_CUDA_CHECK(kernels::launch_group_scatter(ga, stream));
   }
+}
 
-  const std::int64_t H = d.hidden, I = d.intermediate;
-  kernels::StreamGemmArgs g1;
-  g1.weights = w1.as<std::uint8_t>();
-  g1.expert_stride = stride1;
-  g1.n_chunks = static_cast<int>(WeightLayout::chunks(H));
-  g1.k = static_cast<int>(H);
-  g1.rows = static_cast<int>(2 * I);
-  g1.row_blocks = row_blocks(c1, 2 * I);
-  g1.post_scale = ps1.as<float>();
-  g1.bias = bias1.as<float>();
-  g1.act = reinterpret_cast<const std::uint16_t*>(x);
-  g1.act_ld = H;
-  g1.slot_token = slot_token;
-  g1.offsets = offsets;
-  g1.active = active;
-  g1.n_active = n_active;
-  g1.tb_prefix = tb_prefix[0];
-  g1.out = h;
-  g1.out_ld = I;
-  g1.swiglu_alpha = d.swiglu_alpha;
-  g1.swiglu_limit = d.swiglu_limit;
-  launch(g1, c1, e1, pdl, stream);
+kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x) const {
+  const std::int64_t H = desc.hidden, I = desc.intermediate;
+  kernels::StreamGemmArgs g;
+  g.offsets = offsets;
+  g.active = active;
+  g.n_active = n_active;
+  g.swiglu_alpha = desc.swiglu_alpha;
+  g.swiglu_limit = desc.swiglu_limit;
+  if (which == gpu::Gemm::kGateUp) {
+    g.weights = w1.as<std::uint8_t>();
+    g.expert_stride = stride1;
+    g.n_chunks = static_cast<int>(WeightLayout::chunks(H));
+    g.k = static_cast<int>(H);
+    g.rows = static_cast<int>(2 * I);
+    g.row_blocks = row_blocks(c, 2 * I);
+    g.post_scale = ps1.as<float>();
+    g.bias = bias1.as<float>();
+    g.act = reinterpret_cast<const std::uint16_t*>(x);
+    g.act_ld = H;
+    g.slot_token = slot_token;
+    g.tb_prefix = tb_prefix[0];
+    g.out = h;
+    g.out_ld = I;
+  } else {
+    g.weights = w2.as<std::uint8_t>();
+    g.expert_stride = stride2;
+    g.n_chunks = static_cast<int>(WeightLayout::chunks(I));
+    g.k = static_cast<int>(I);
+    g.rows = static_cast<int>(H);
+    g.row_blocks = row_blocks(c, H);
+    g.post_scale = ps2.as<float>();
+    g.bias = bias2.as<float>();
+    g.act = h;
+    g.act_ld = I;
+    g.slot_token = nullptr;
+    g.tb_prefix = tb_prefix[1];
+    g.out = y;
+    g.out_ld = H;
+  }
+  return g;
+}
 
-  kernels::StreamGemmArgs g2 = g1;
-  g2.weights = w2.as<std::uint8_t>();
-  g2.expert_stride = stride2;
-  g2.n_chunks = static_cast<int>(WeightLayout::chunks(I));
-  g2.k = static_cast<int>(I);
-  g2.rows = static_cast<int>(H);
-  g2.row_blocks = row_blocks(c2, H);
-  g2.post_scale = ps2.as<float>();
-  g2.bias = bias2.as<float>();
-  g2.act = h;
-  g2.act_ld = I;
-  g2.slot_token = nullptr;
-  g2.tb_prefix = tb_prefix[1];
-  g2.out = y;
-  g2.out_ld = H;
-  launch(g2, c2, e2, pdl, stream);
+void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
+                         const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing) const {
+  require(tokens >= 0 && tokens <= options.max_tokens,
+          "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)", tokens,
+          options.max_tokens);
+  if (tokens == 0) return;
+  auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
+  require(x != nullptr && aligned(x), "x must be a 16-byte aligned device pointer");
+  require(out != nullptr && aligned(out), "out must be a 16-byte aligned device pointer");
+  FP4MOE_CUDA_CHECK(cudaSetDevice(device));
+  const LayerDesc& d = desc;
+  const int T = static_cast<int>(tokens);
+  const bool pdl = options.programmatic_launch && sm >= 90;
+
+  const Decision& decision = decide(tokens);
+  const GemmChoice& c1 = decision.choice[0];
+  const GemmChoice& c2 = decision.choice[1];
+
+  route_and_group(stream, logits, ids_in, T, c1.token_block(), c2.token_block());
+  launch(gemm_args(gpu::Gemm::kGateUp, c1, x), c1, epilogue(gpu::Gemm::kGateUp), pdl, stream);
+  launch(gemm_args(gpu::Gemm::kDown, c2, x), c2, epilogue(gpu::Gemm::kDown), pdl, stream);
 
   kernels::FinalizeArgs fa;
   fa.y = y;
   fa.pair_slot = pair_slot;
   fa.topk_weights = w_in != nullptr ? w_in : topk_weights;
   fa.tokens = T;
-  fa.top_k = ra.top_k;
+  fa.top_k = static_cast<int>(d.top_k);
   fa.shared_pieces = pieces;
-  fa.hidden = static_cast<int>(H);
+  fa.hidden = static_cast<int>(d.hidden);
   fa.out = reinterpret_cast<std::uint16_t*>(out);
   FP4MOE_CUDA_CHECK(kernels::launch_finalize(fa, pdl, stream));
 
@@ -462,13 +550,104 @@ int MoeLayer::device() const { return impl_->device; }
 
 std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const Impl& m = *impl_;
-  const GemmChoice c1 = m.config(tokens, gpu::Gemm::kGateUp);
-  const GemmChoice c2 = m.config(tokens, gpu::Gemm::kDown);
+  const LayerGemmPick p1 = m.pick(tokens, gpu::Gemm::kGateUp);
+  const LayerGemmPick p2 = m.pick(tokens, gpu::Gemm::kDown);
   const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
-  return fmt::format("T={}: {}; gate/up GEMM: {}, grid {}; down GEMM: {}, grid {}; finalize", tokens,
-                     small ? "route+group (1 CTA)" : "route, scan, scatter", c1.to_string(),
-                     m.grid(c1, m.epilogue(gpu::Gemm::kGateUp)), c2.to_string(), m.grid(c2, m.epilogue(gpu::Gemm::kDown)));
+  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}; down GEMM: {} [{}], grid {}; finalize", tokens,
+                     small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(), p1.why,
+                     m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), p2.choice.to_string(), p2.why,
+                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)));
 }
+
+namespace gpu {
+
+struct LayerTuning::Impl {
+  const MoeLayer* layer = nullptr;
+  std::int64_t tokens = 0;
+  DeviceBuffer x, logits;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+  ~Impl() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Microseconds of `launches` back-to-back launches.
+  template <typename F>
+  double time(F launch_once, int launches) {
+    FP4MOE_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < launches; ++i) launch_once();
+    FP4MOE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    FP4MOE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    FP4MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return 1000.0 * static_cast<double>(ms);
+  }
+};
+
+const ArchInfo& LayerTuning::arch(const MoeLayer& layer) { return layer.impl_->arch; }
+const KernelResources& LayerTuning::resources(const MoeLayer& layer) { return layer.impl_->measured; }
+
+LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64_t seed)
+    : impl_(std::make_unique<Impl>()) {
+  const MoeLayer::Impl& m = *layer.impl_;
+  require(tokens >= 1 && tokens <= m.options.max_tokens, "tuning at {} tokens: the layer takes 1..{} (max_tokens)",
+          tokens, m.options.max_tokens);
+  FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
+  Impl& t = *impl_;
+  t.layer = &layer;
+  t.tokens = tokens;
+  FP4MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking));
+  FP4MOE_CUDA_CHECK(cudaEventCreate(&t.start));
+  FP4MOE_CUDA_CHECK(cudaEventCreate(&t.stop));
+  const std::int64_t x_values = tokens * m.desc.hidden;
+  t.x = DeviceBuffer(static_cast<std::size_t>(x_values) * 2);
+  FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(t.x.as<std::uint16_t>(), x_values, seed, 1.0f, t.stream));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> host(static_cast<std::size_t>(tokens * m.desc.experts));
+  for (auto& v : host) v = dist(rng);
+  t.logits = DeviceBuffer(host.size() * sizeof(float));
+  t.logits.upload(host.data(), host.size() * sizeof(float));
+  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(t.stream));
+}
+
+LayerTuning::~LayerTuning() = default;
+
+GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int warmup, int samples) {
+  Impl& t = *impl_;
+  const MoeLayer::Impl& m = *t.layer->impl_;
+  require(samples >= 1, "samples = {} must be at least 1", samples);
+  // The layer's own decision with the choice forced: throws with the planner's reason if rejected.
+  pick_layer_gemm(m.desc, t.tokens, which, m.arch, &m.measured,
+                  GemmPreference{choice, PickSource::kForced, "the tuner"});
+  FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
+  const Gemm g = which == GemmKind::kGateUp ? Gemm::kGateUp : Gemm::kDown;
+  const int tb = choice.token_block();
+  m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), tb, tb);
+  if (g == Gemm::kDown) {
+    // The down GEMM reads the first GEMM's output: defined values (zeros) rather than whatever
+    // the workspace held.
+    FP4MOE_CUDA_CHECK(cudaMemsetAsync(m.h, 0, static_cast<std::size_t>(m.max_slots * m.desc.intermediate) * 2,
+                                      t.stream));
+  }
+  const kernels::StreamGemmArgs args = m.gemm_args(g, choice, reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>()));
+  const kernels::StreamEpilogue epi = m.epilogue(g);
+  const auto launch_once = [&] { m.launch(args, choice, epi, false, t.stream); };
+  for (int i = 0; i < warmup; ++i) launch_once();
+  // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
+  const double one = t.time(launch_once, 1);
+  GemmTiming r;
+  r.launches_per_sample = static_cast<int>(std::clamp(std::ceil(200.0 / std::max(one, 1e-3)), 1.0, 100.0));
+  for (int s = 0; s < samples; ++s) {
+    r.us.push_back(t.time(launch_once, r.launches_per_sample) / r.launches_per_sample);
+  }
+  return r;
+}
+
+}  // namespace gpu
 
 #else  // no CUDA in this build
 
@@ -487,7 +666,35 @@ std::int64_t MoeLayer::workspace_bytes() const { return 0; }
 int MoeLayer::device() const { return -1; }
 std::string MoeLayer::plan_summary(std::int64_t) const { return "built without CUDA"; }
 
+namespace gpu {
+
+struct LayerTuning::Impl {};
+
+const ArchInfo& LayerTuning::arch(const MoeLayer&) {
+  fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
+}
+const KernelResources& LayerTuning::resources(const MoeLayer&) {
+  fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
+}
+LayerTuning::LayerTuning(const MoeLayer&, std::int64_t, std::uint64_t) {
+  fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
+}
+LayerTuning::~LayerTuning() = default;
+GemmTiming LayerTuning::time_gemm(GemmKind, const GemmChoice&, int, int) {
+  fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
+}
+
+}  // namespace gpu
+
 #endif
+
+double gpu::GemmTiming::median() const {
+  if (us.empty()) return 0.0;
+  std::vector<double> v = us;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 MoeLayer::~MoeLayer() = default;
 MoeLayer::MoeLayer(MoeLayer&&) noexcept = default;

@@ -1,0 +1,49 @@
+// One expert GEMM of a MoeLayer timed alone, for the autotuner (src/tune). The layer's own
+// routing, grouping and GEMM launchers run it (the same arguments a forward passes), so what is
+// timed is what a forward runs. Implemented in moe_layer.cpp (it reads the layer's internals).
+// CUDA-free: host code without nvcc includes it; without CUDA every entry point throws
+// Error (kUnsupported).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fp4moe/arch.hpp"
+#include "fp4moe/moe_layer.hpp"
+#include "fp4moe/planner.hpp"
+
+namespace fp4moe::gpu {
+
+struct GemmTiming {
+  std::vector<double> us;  // microseconds per launch, one value per sample
+  int launches_per_sample = 1;
+  double median() const;
+};
+
+class LayerTuning {
+ public:
+  // The architecture (the device's figures) and the measured kernel resources the layer plans with.
+  static const ArchInfo& arch(const MoeLayer& layer);
+  static const KernelResources& resources(const MoeLayer& layer);
+
+  // Random device inputs of `tokens` tokens for `layer` (x bf16 ~ N(0, 1), logits fp32 ~ N(0, 2),
+  // deterministic in seed) and a stream of its own. tokens <= the layer's max_tokens.
+  LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64_t seed);
+  ~LayerTuning();
+  LayerTuning(const LayerTuning&) = delete;
+  LayerTuning& operator=(const LayerTuning&) = delete;
+
+  // Times GEMM `which` run with `choice`: first the layer's decision with `choice` forced, so a
+  // configuration the planner rejects throws Error with the planner's reason and is never
+  // launched; then routing and grouping for the choice's token block, `warmup` launches, and
+  // `samples` samples of back-to-back launches between two CUDA events (as many launches per
+  // sample as take about 200 us, at most 100). Launched without PDL, so launches do not overlap.
+  GemmTiming time_gemm(GemmKind which, const GemmChoice& choice, int warmup, int samples);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp4moe::gpu

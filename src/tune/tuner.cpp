@@ -1,0 +1,179 @@
+// The autotuner: times the planner's feasible configurations of each expert GEMM per token bucket
+// on the local GPU and writes the fastest to the tune cache (docs/TUNING.md). Host code: the
+// timing itself is gpu::LayerTuning's (the layer's own launchers).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/fail.hpp"
+#include "fp4moe/tune.hpp"
+#include "gpu/layer_tuning.hpp"
+
+namespace fp4moe {
+namespace {
+
+// How many parameters of b differ from a's (another family: farther than any).
+int distance(const CandidateVerdict& a, const CandidateVerdict& b) {
+  if (a.family != b.family || a.params.size() != b.params.size()) return 1000;
+  int d = 0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) d += a.params[i] != b.params[i];
+  return d;
+}
+
+struct Job {
+  std::int64_t bucket = 0;
+  GemmKind gemm = GemmKind::kGateUp;
+  std::vector<CandidateVerdict> candidates;
+  std::string pick_label;
+};
+
+}  // namespace
+
+std::vector<CandidateVerdict> tune_candidates(const LayerGemmPlan& plan, int max_configs) {
+  std::vector<CandidateVerdict> out;
+  if (!plan.ok) return out;
+  const CandidateVerdict& pick = plan.pick.verdict;
+  out.push_back(pick);
+  std::vector<CandidateVerdict> others;
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      if (c.feasible && !(c.family == pick.family && c.label == pick.label)) others.push_back(c);
+    }
+  }
+  std::stable_sort(others.begin(), others.end(), [&](const CandidateVerdict& x, const CandidateVerdict& y) {
+    const int dx = distance(pick, x), dy = distance(pick, y);
+    return dx != dy ? dx < dy : x.cost_us < y.cost_us;
+  });
+  out.insert(out.end(), others.begin(), others.end());
+  if (max_configs > 0 && out.size() > static_cast<std::size_t>(max_configs)) {
+    out.resize(static_cast<std::size_t>(max_configs));
+  }
+  return out;
+}
+
+TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) {
+  const auto report_progress = [&](int done, int total, const std::string& what) {
+    if (progress) progress(done, total, what);
+  };
+  options.layer.validate();
+  require(!options.tokens.empty(), "tune needs at least one token count");
+  require(options.max_configs >= 0, "max_configs = {} must be >= 0 (0: every feasible candidate)",
+          options.max_configs);
+  const int max_configs = options.max_configs > 0 ? options.max_configs : (options.quick ? 6 : 0);
+  const int warmup = options.quick ? 2 : options.warmup;
+  const int samples = options.quick ? 7 : options.samples;
+  require(warmup >= 0 && samples >= 1, "warmup = {} must be >= 0 and samples = {} >= 1", warmup, samples);
+  std::set<std::int64_t> bucket_set;
+  for (const auto t : options.tokens) bucket_set.insert(token_bucket(t));
+  const std::vector<std::int64_t> buckets(bucket_set.begin(), bucket_set.end());
+
+  std::string why;
+  const auto gpus = list_gpus(&why);
+  if (gpus.empty()) fail(Errc::kUnsupported, "tuning needs a GPU: {}", why);
+  TuneReport report;
+  report.cache_path = tune_cache_path(options.cache_path);
+  require(!report.cache_path.empty(),
+          "no tune cache path: give one (--cache), or set FP4MOE_TUNE_CACHE, XDG_CACHE_HOME or HOME");
+
+  report_progress(0, 0, fmt::format("random weights for {}", options.layer.to_string()));
+  const LayerWeights weights = random_layer_weights(options.layer, options.seed);
+  report_progress(0, 0, "uploading the layer");
+  MoeLayerOptions lo;
+  lo.max_tokens = buckets.back();
+  lo.device = options.device;
+  lo.use_tune_cache = false;  // the timings must not depend on an earlier cache
+  const MoeLayer layer(weights, lo);
+  report.metadata = tune_metadata_of(gpus.at(static_cast<std::size_t>(layer.device())));
+  const ArchInfo& arch = gpu::LayerTuning::arch(layer);
+  const KernelResources& resources = gpu::LayerTuning::resources(layer);
+
+  // What to time: only candidates the planner accepts on this device with measured registers.
+  std::vector<Job> jobs;
+  int total = 0;
+  for (const auto b : buckets) {
+    for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
+      const LayerGemmPlan plan = plan_layer_gemm(options.layer, b, kind, arch, &resources);
+      if (!plan.ok) fail(Errc::kDoesNotFit, "{}", plan.refusal);
+      Job job{b, kind, tune_candidates(plan, max_configs),
+              plan.pick.verdict.family + " " + plan.pick.verdict.label};
+      total += static_cast<int>(job.candidates.size());
+      jobs.push_back(std::move(job));
+    }
+  }
+
+  int done = 0;
+  for (const auto b : buckets) {
+    gpu::LayerTuning timer(layer, b, options.seed + static_cast<std::uint64_t>(b));
+    TuneEntry entry;
+    entry.shape = tune_shape_of(options.layer);
+    entry.bucket = b;
+    for (const auto& job : jobs) {
+      if (job.bucket != b) continue;
+      TunedGemm best;
+      for (const auto& c : job.candidates) {
+        const std::string label = c.family + " " + c.label;
+        report_progress(done, total, fmt::format("T={} {} {}", b, gemm_kind_name(job.gemm), label));
+        TuneTiming t;
+        t.bucket = b;
+        t.gemm = job.gemm;
+        t.choice = choice_of_candidate(c);
+        t.label = label;
+        t.estimated_us = c.cost_us;
+        t.median_us = timer.time_gemm(job.gemm, t.choice, warmup, samples).median();
+        t.layer_pick = label == job.pick_label;
+        if (best.us == 0 || t.median_us < best.us) best = {t.choice, t.median_us};
+        report.timings.push_back(t);
+        ++done;
+      }
+      (job.gemm == GemmKind::kGateUp ? entry.gate_up : entry.down) = best;
+    }
+    report.entries.push_back(entry);
+  }
+  report_progress(total, total, "done");
+
+  TuneCache cache;
+  const TuneCacheLoad existing = load_tune_cache(report.cache_path, report.metadata);
+  if (existing.cache) {
+    cache = *existing.cache;
+  } else if (!existing.message.empty()) {
+    report.note = "replaced: " + existing.message;
+  }
+  cache.metadata = report.metadata;
+  for (const auto& e : report.entries) cache.put(e);
+  write_tune_cache(cache, report.cache_path);
+  return report;
+}
+
+std::string TuneReport::to_string() const {
+  std::string s = fmt::format("tuned on {}\ncache: {}\n", metadata.to_string(), cache_path);
+  if (!note.empty()) s += note + "\n";
+  for (const auto& e : entries) {
+    for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
+      const TunedGemm& best = kind == GemmKind::kGateUp ? e.gate_up : e.down;
+      const TuneTiming* pick = nullptr;
+      std::string rows;
+      int n = 0;
+      for (const auto& t : timings) {
+        if (t.bucket != e.bucket || t.gemm != kind) continue;
+        ++n;
+        if (t.layer_pick) pick = &t;
+        std::string mark;
+        if (t.choice == best.choice) mark = "fastest";
+        if (t.layer_pick) mark += std::string(mark.empty() ? "" : ", ") + "the layer's pick without a cache";
+        rows += fmt::format("    {:<30}{:>12.2f}{:>14.2f}  {}\n", t.label, t.estimated_us, t.median_us, mark);
+      }
+      s += fmt::format("\nbucket T={} ({} to {} tokens), {}: {} candidate(s) timed\n", e.bucket, e.bucket,
+                       2 * e.bucket - 1, gemm_kind_name(kind), n);
+      s += fmt::format("    {:<30}{:>12}{:>14}\n", "config", "est. us", "measured us");
+      s += rows;
+      if (pick != nullptr && best.us > 0) {
+        s += fmt::format("  fastest: {} {:.2f} us, {:.2f}x the layer's pick ({:.2f} us)\n",
+                         gemm_choice_label(best.choice), best.us, pick->median_us / best.us, pick->median_us);
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace fp4moe
