@@ -16,8 +16,11 @@
 #include <optional>
 #include <string>
 
+#include <span>
+
 #include "fp4moe/bf16.hpp"
 #include "fp4moe/layer.hpp"
+#include "fp4moe/reference.hpp"
 
 struct CUstream_st;
 
@@ -93,5 +96,11 @@ class MoeLayer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// One forward from host memory to host memory on the current GPU (uploads the weights each
+// call: for tools such as `fp4moe run`, not for serving). Returns the output and the routing
+// decision in the CPU reference's form. Throws like MoeLayer.
+ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x, std::span<const float> router_logits,
+                            std::int64_t tokens, const MoeLayerOptions& options = {});
 
 }  // namespace fp4moe
