@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const
             up += p.bias[(static_cast<std::int64_t>(cur.expert) * 2 + 1) * inter + jj];
           }
           const float val = activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-          static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
+          const int col = p.out_permuted ? permuted_k(jj) : jj;
+            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + col] = f32_to_bf16_bits(val);
         }
       }
     };

@@ -216,7 +216,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
               up += p.bias[(static_cast<std::int64_t>(expert) * 2 + 1) * inter + jj];
             }
             const float val = tile_activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
+            const int col = p.out_permuted ? permuted_k(jj) : jj;
+            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + col] = f32_to_bf16_bits(val);
           }
         }
       }

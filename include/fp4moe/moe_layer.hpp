@@ -32,8 +32,11 @@ using Stream = CUstream_st*;  // the same type as cudaStream_t
 //   kStream (decode, kernels/stream_gemm_layout.hpp): one warp (or k_split warps) per item of
 //     16*m_tiles weight rows x 8*n_tiles tokens, each warp with a `stages`-deep private ring;
 //   kTile (prefill, kernels/tile_gemm_layout.hpp): one CTA of `warps` warps per item of
-//     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory.
-enum class GemmKernel : std::uint8_t { kStream, kTile };
+//     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory;
+//   kWgmma (prefill on sm_90, kernels/wgmma_gemm_layout.hpp): two warpgroups per item of 256 rows
+//     x 8*n_tiles tokens (64 or 128), wgmma with the weights in registers (m_tiles, warps and
+//     k_split are fixed: 2, 8, 1).
+enum class GemmKernel : std::uint8_t { kStream, kTile, kWgmma };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::kStream;
@@ -44,7 +47,7 @@ struct GemmChoice {
   int k_split = 1;  // kStream only
 
   int token_block() const { return 8 * n_tiles; }
-  int rows_per_item() const { return kernel == GemmKernel::kTile ? warps * m_tiles * 16 : m_tiles * 16; }
+  int rows_per_item() const { return kernel == GemmKernel::kStream ? m_tiles * 16 : warps * m_tiles * 16; }
   std::string to_string() const;
 };
 

@@ -106,6 +106,9 @@ struct MoeLayer::Impl {
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   float* y = nullptr;
+  std::uint16_t* x_perm = nullptr;
+  std::int64_t h_padded = 0;  // H rounded up to whole 64-chunks
+  std::int64_t i_padded = 0;  // I likewise
 
   mutable std::mutex mu;
   mutable std::map<std::tuple<int, int, int, int, int, int, int>, int> grid_cache;
@@ -138,8 +141,15 @@ struct MoeLayer::Impl {
            c.to_string(), gpu::smem_bytes(c), limits.smem_per_block_optin);
     }
     kernels::KernelAttributes attr;
-    const cudaError_t err = c.kernel == GemmKernel::kTile ? kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr)
-                                                          : kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr);
+    cudaError_t err = cudaSuccess;
+    switch (c.kernel) {
+      case GemmKernel::kTile: err = kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr); break;
+      case GemmKernel::kWgmma: err = kernels::wgmma_gemm_setup(gpu::wgmma_config(c), epi, &attr); break;
+      case GemmKernel::kStream: err = kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr); break;
+    }
+    if (err == cudaErrorNotSupported) {
+      fail(Errc::kUnsupported, "GEMM config {} needs sm_90 (wgmma) and a build with the sm_90a image", c.to_string());
+    }
     if (err == cudaErrorInvalidValue) {
       fail(Errc::kUnsupported, "GEMM config {} is not compiled into this build (tile shapes m x n: stream 1x1 2x1 4x1 "
            "1x2 2x2 4x2 1x4 2x4; tile 2x8 2x4)", c.to_string());
@@ -164,12 +174,20 @@ struct MoeLayer::Impl {
   void launch(const kernels::StreamGemmArgs& args, const GemmChoice& c, kernels::StreamEpilogue epi, bool pdl,
               Stream stream) const {
     const int g = grid(c, epi);
-    if (c.kernel == GemmKernel::kTile) {
-      FP4MOE_CUDA_CHECK(kernels::launch_tile_gemm(args, gpu::tile_config(c), epi, g, pdl, stream));
-    } else {
-      FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
+    switch (c.kernel) {
+      case GemmKernel::kTile:
+        FP4MOE_CUDA_CHECK(kernels::launch_tile_gemm(args, gpu::tile_config(c), epi, g, pdl, stream));
+        break;
+      case GemmKernel::kWgmma:
+        FP4MOE_CUDA_CHECK(kernels::launch_wgmma_gemm(args, gpu::wgmma_config(c), epi, g, pdl, stream));
+        break;
+      case GemmKernel::kStream:
+        FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
+        break;
     }
   }
+
+  std::int64_t max_slots_for(std::int64_t tokens) const { return tokens * (desc.top_k + pieces); }
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
            Bf16* out, std::int64_t tokens, RoutingOutput routing) const;
@@ -201,7 +219,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   }
   m.device = dev;
   m.sm = gi.sm();
-  m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm};
+  m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm, kernels::wgmma_supported()};
 
   const std::int64_t H = d.hidden, I = d.intermediate, E = d.experts;
   m.pieces = d.shared_intermediate > 0 ? static_cast<int>((d.shared_intermediate + I - 1) / I) : 0;
@@ -279,6 +297,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   // Workspace, carved from one allocation.
   const std::int64_t T = options.max_tokens, k = d.top_k;
   m.max_slots = T * (k + m.pieces);
+  m.h_padded = WeightLayout::chunks(H) * WeightLayout::kChunkK;
+  m.i_padded = WeightLayout::chunks(I) * WeightLayout::kChunkK;
   std::size_t off = 0;
   auto carve = [&](std::size_t bytes) {
     const std::size_t at = off;
@@ -296,8 +316,11 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   const std::size_t o_tb1 = carve(static_cast<std::size_t>(ne + 1) * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
-  const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * I) * 2);
+  // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
+  // stays zero. x_perm (the k-permuted, slot-ordered copy of x) exists only where wgmma runs.
+  const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * m.i_padded) * 2);
   const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 4);
+  const std::size_t o_x_perm = carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
   m.workspace = DeviceBuffer(off);
   auto* base = m.workspace.as<std::uint8_t>();
   m.topk_ids = reinterpret_cast<std::int32_t*>(base + o_ids);
@@ -313,6 +336,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
   m.y = reinterpret_cast<float*>(base + o_y);
+  m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
+  FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
 }
 
 void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
@@ -333,6 +358,8 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const GemmChoice c2 = config(tokens, gpu::Gemm::kDown);
   const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
   const kernels::StreamEpilogue e2 = epilogue(gpu::Gemm::kDown);
+  grid(c1, e1);  // validates both configs (and sets the kernels up) before anything is launched
+  grid(c2, e2);
 
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -394,12 +421,21 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g1.act = reinterpret_cast<const std::uint16_t*>(x);
   g1.act_ld = H;
   g1.slot_token = slot_token;
+  if (c1.kernel == GemmKernel::kWgmma) {
+    FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(reinterpret_cast<const std::uint16_t*>(x), slot_token,
+                                                     offsets + experts_total, static_cast<int>(max_slots_for(tokens)),
+                                                     static_cast<int>(H), static_cast<int>(h_padded), x_perm, stream));
+    g1.act = x_perm;
+    g1.act_ld = h_padded;
+    g1.slot_token = nullptr;
+  }
   g1.offsets = offsets;
   g1.active = active;
   g1.n_active = n_active;
   g1.tb_prefix = tb_prefix[0];
   g1.out = h;
-  g1.out_ld = I;
+  g1.out_ld = i_padded;
+  g1.out_permuted = c2.kernel == GemmKernel::kWgmma ? 1 : 0;
   g1.swiglu_alpha = d.swiglu_alpha;
   g1.swiglu_limit = d.swiglu_limit;
   launch(g1, c1, e1, pdl, stream);
@@ -414,8 +450,9 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   g2.post_scale = ps2.as<float>();
   g2.bias = bias2.as<float>();
   g2.act = h;
-  g2.act_ld = I;
+  g2.act_ld = i_padded;
   g2.slot_token = nullptr;
+  g2.out_permuted = 0;
   g2.tb_prefix = tb_prefix[1];
   g2.out = y;
   g2.out_ld = H;
