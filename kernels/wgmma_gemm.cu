@@ -4,9 +4,9 @@
 // (a block of up to 128 tokens) is read by the tensor cores from shared memory. One decode per
 // weight feeds 64-128 tokens, against 8-64 for mma.sync, which is what keeps the tensor cores fed.
 //
-// Pipeline: a CTA-wide cp.async ring; per K chunk every warpgroup decodes its rows, fences, issues
-// 2 x 4 wgmma (two m64 row blocks x four k-steps), commits, and waits before the next chunk's
-// barrier, after which the chunk's stage is refilled.
+// Pipeline: a CTA-wide cp.async ring; per K chunk every warpgroup issues 2 x 4 wgmma (two m64
+// row blocks x four k-steps) on the A registers decoded before, then decodes the next chunk into
+// a second set of A registers while those run.
 //
 // NOTE: cp.async writes through the generic proxy while wgmma reads shared memory through the
 // async proxy: each thread fences (fence.proxy.async.shared::cta) after its copies land and
@@ -56,6 +56,7 @@ __device__ __forceinline__ std::uint64_t b_descriptor(std::uint32_t smem) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void keep_in_registers(float (&d)[N]) {
@@ -174,23 +175,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
 #pragma unroll
       for (int q = 0; q < NT * 4; ++q) acc[i][q] = 0.0f;
 
-    const int n_chunks = p.n_chunks;
-    for (int c = 0; c < stages - 1; ++c) {
-      if (c < n_chunks) issue(c);
-      cp_async_commit();
-    }
-    int slot = 0;
-    for (int c = 0; c < n_chunks; ++c) {
-      cp_async_wait_dynamic(stages - 2);
-      fence_proxy_async();
-      __syncthreads();  // chunk c visible to all, every warpgroup's wgmmas of chunk c - 1 done
-      if (c + stages - 1 < n_chunks) issue(c + stages - 1);
-      cp_async_commit();
-
-      const std::uint32_t st = base + slot * stage_bytes;
-      slot = slot + 1 == stages ? 0 : slot + 1;
-      // A fragments of this warp's two tiles (rows 128 wg + 64 i + 16 wi) for the 4 k-steps.
-      std::uint32_t a[2][4][4];
+    // This warp's two tiles (rows 128 wg + 64 i + 16 wi) of chunk `st`, decoded for the 4 k-steps.
+    auto decode = [&](std::uint32_t st, std::uint32_t (&a)[2][4][4]) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int tile = wg * 8 + 4 * i + wi;
@@ -209,6 +195,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
           a[i][s][3] = bf16x2_mul(a[i][s][3], s_g8);
         }
       }
+    };
+    auto mma = [&](std::uint32_t st, const std::uint32_t (&a)[2][4][4]) {
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -217,10 +205,40 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
         for (int i = 0; i < 2; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
       }
       wgmma_commit();
-      wgmma_wait_all();
-#pragma unroll
-      for (int i = 0; i < 2; ++i) keep_in_registers(acc[i]);
+    };
+
+    // Software pipeline: the wgmmas of chunk c run on the tensor cores while the warps wait for,
+    // and decode, chunk c + 1 into the other A buffer. Commit groups: the prologue commits chunks
+    // 0..stages-2; iteration c commits chunk c + stages - 1 into the slot chunk c - 1 used (free
+    // once every warpgroup's wgmmas of c - 1 are done: wait_group 1, then the barrier).
+    const int n_chunks = p.n_chunks;
+    for (int c = 0; c < stages - 1; ++c) {
+      if (c < n_chunks) issue(c);
+      cp_async_commit();
     }
+    cp_async_wait_dynamic(stages - 2);
+    fence_proxy_async();
+    __syncthreads();
+    std::uint32_t a0[2][4][4], a1[2][4][4];
+    decode(base, a0);
+    int slot = 0;  // the stage of chunk c
+    for (int c = 0; c < n_chunks; ++c) {
+      const std::uint32_t st = base + slot * stage_bytes;
+      if (c & 1) mma(st, a1); else mma(st, a0);
+      slot = slot + 1 == stages ? 0 : slot + 1;
+      if (c + 1 < n_chunks) {
+        wgmma_wait_one();
+        cp_async_wait_dynamic(stages - 3);
+        fence_proxy_async();
+        __syncthreads();  // chunk c + 1 visible to all; every warpgroup's wgmmas of c - 1 done
+        if (c + stages - 1 < n_chunks) issue(c + stages - 1);
+        cp_async_commit();
+        if (c & 1) decode(base + slot * stage_bytes, a0); else decode(base + slot * stage_bytes, a1);
+      }
+    }
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) keep_in_registers(acc[i]);
     cp_async_wait<0>();
 
     // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,

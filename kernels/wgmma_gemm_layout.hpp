@@ -46,7 +46,7 @@ struct WgmmaGemmLayout {
   }
   static constexpr int threads(const WgmmaGemmConfig&) { return kWarps * 32; }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
-    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 2 && c.stages <= 8;
+    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;  // 3+: see the pipeline
   }
 };
 

@@ -84,7 +84,7 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.k_split = 1;
     c.n_tiles = per_expert >= 96.0 ? 16 : 8;
     c.stages = 4;
-    while (c.stages > 2 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
+    while (c.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
       --c.stages;
     }
     return c;

@@ -238,7 +238,7 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
   // (n_tiles, stages), and mixed with the stream kernel: GEMM1 then writes h k-permuted for the
   // wgmma GEMM2, or GEMM2 reads it in natural order.
-  const int configs[][2] = {{16, 4}, {8, 2}, {16, 3}};
+  const int configs[][2] = {{16, 4}, {8, 3}, {16, 5}};
   for (const auto& c : configs) {
     const GemmChoice wg{GemmKernel::kWgmma, 2, c[0], c[1], 8, 1};
     for (int mix = 0; mix < 3; ++mix) {
