@@ -273,6 +273,22 @@ TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
   expect_matches_reference(w, layer, 4096, 1500);
 }
 
+TEST(GpuMoeLayer, PrefillAt16384Tokens) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.hidden = 512;
+  d.intermediate = 256;
+  d.experts = 32;
+  d.n_group = 4;
+  d.topk_group = 2;
+  d.shared_intermediate = 256;
+  const LayerWeights w = random_layer_weights(d, 17);
+  MoeLayerOptions o;
+  o.max_tokens = 16384;
+  const MoeLayer layer(w, o);
+  expect_matches_reference(w, layer, 16384, 1700);
+}
+
 TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
