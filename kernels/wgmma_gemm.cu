@@ -13,6 +13,7 @@
 // before the barrier that precedes the wgmmas (PTX ISA, "Asynchronous proxy").
 #include "fp4moe/detail/portable_math.hpp"
 #include "kernels/common.cuh"
+#include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
 #include "kernels/wgmma_gemm_layout.hpp"
@@ -25,25 +26,6 @@
 
 namespace fp4moe::kernels {
 namespace {
-
-using detail::pm_add;
-using detail::pm_mul;
-using detail::portable_sigmoid;
-using detail::portable_silu;
-
-__device__ __forceinline__ float wg_activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
-  if (epi == StreamEpilogue::kSwiGLU) return pm_mul(portable_silu(gate), up);
-  const float g = (limit < gate) ? limit : gate;
-  const float u = (up < -limit) ? -limit : ((limit < up) ? limit : up);
-  return pm_mul(pm_mul(g, portable_sigmoid(pm_mul(alpha, g))), pm_add(u, 1.0f));
-}
-
-__device__ __forceinline__ void cp_async16_zfill_wg(std::uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;  // src-size 0: nothing is read, 16 zero bytes are written
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ int swizzled_piece(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
 
 #if FP4MOE_WGMMA
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address >> 4,
@@ -147,7 +129,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
       const int c = piece & 7;
       avalid[i] = r < m_count;
       asrc[i] = p.act + static_cast<std::int64_t>(avalid[i] ? slot0 + r : 0) * p.act_ld + c * 8;
-      adst[i] = static_cast<std::uint32_t>(kActOff + swizzled_piece(r, c));
+      adst[i] = static_cast<std::uint32_t>(kActOff + swizzle128_offset(r, c));
     }
 
     int issue_slot = 0;
@@ -165,7 +147,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
       }
 #pragma unroll
       for (int i = 0; i < kActPieces; ++i) {
-        cp_async16_zfill_wg(st + adst[i], asrc[i] + (avalid[i] ? chunk * WeightLayout::kChunkK : 0), avalid[i]);
+        cp_async16_zfill(st + adst[i], asrc[i] + (avalid[i] ? chunk * WeightLayout::kChunkK : 0), avalid[i]);
       }
     };
 
@@ -243,7 +225,6 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
 
     // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
     // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
-    const float* ps = p.post_scale + 2 * expert;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int tile = group0 * 4 + wg * 8 + 4 * i + wi;  // 16-row tile within the expert
@@ -252,32 +233,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int n = 8 * j + 2 * t + q;
-          if (n >= m_count) continue;
-          const std::int64_t out_row = slot0 + n;
-          if constexpr (EPI == StreamEpilogue::kStoreF32) {
-            float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int row = tile * 16 + g + 8 * hh;
-              if (row >= p.rows) continue;
-              float val = acc[i][4 * j + 2 * hh + q] * ps[0];
-              if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(expert) * p.rows + row];
-              y[row] = val;
-            }
-          } else {
-            const int inter = p.rows / 2;
-            const int jj = tile * 8 + g;
-            if (jj >= inter) continue;
-            float gate = acc[i][4 * j + q] * ps[0];
-            float up = acc[i][4 * j + 2 + q] * ps[1];
-            if (p.bias != nullptr) {
-              gate += p.bias[(static_cast<std::int64_t>(expert) * 2 + 0) * inter + jj];
-              up += p.bias[(static_cast<std::int64_t>(expert) * 2 + 1) * inter + jj];
-            }
-            const float val = wg_activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-            const int col = p.out_permuted ? permuted_k(jj) : jj;
-            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + col] = f32_to_bf16_bits(val);
-          }
+          if (n < m_count) store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
         }
       }
     }
@@ -345,43 +301,16 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  int device = 0, optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  const int smem = static_cast<int>(WgmmaGemmLayout::cta_bytes(config));
-  if (smem > optin) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes fa{};
-  err = cudaFuncGetAttributes(&fa, fn);
-  if (err != cudaSuccess) return err;
-  int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, WgmmaGemmLayout::threads(config), smem);
-  if (err != cudaSuccess) return err;
-  if (attributes != nullptr) {
-    attributes->registers = fa.numRegs;
-    attributes->local_bytes = static_cast<int>(fa.localSizeBytes);
-    attributes->max_blocks_per_sm = blocks;
-  }
-  return cudaSuccess;
+  return setup_kernel(fn, WgmmaGemmLayout::threads(config), static_cast<int>(WgmmaGemmLayout::cta_bytes(config)),
+                      attributes);
 }
 
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config, StreamEpilogue epilogue,
                               int grid, bool pdl, cudaStream_t stream) {
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(static_cast<unsigned>(grid));
-  lc.blockDim = dim3(static_cast<unsigned>(WgmmaGemmLayout::threads(config)));
-  lc.dynamicSmemBytes = static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config));
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&lc, fn, args, config.stages);
+  return launch_kernel(fn, grid, WgmmaGemmLayout::threads(config),
+                       static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages);
 }
 
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
