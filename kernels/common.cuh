@@ -17,6 +17,17 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// 16-byte copy that writes zeros instead when `valid` is false (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;  // src-size 0: nothing is read, 16 zero bytes are written
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// NOTE: rows of 128 bytes (64 bf16) with 16-byte piece c of row r stored at piece c ^ (r % 8):
+// the 128-byte swizzle of wgmma's K-major layouts (PTX ISA, "Shared Memory Matrix Layout"), and
+// for LDS.128 it puts the 8 lanes of a phase (rows g, pieces 2t + h) on 8 distinct bank groups.
+__device__ __forceinline__ int swizzle128_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>

@@ -4,6 +4,7 @@
 //   grid (T, ceil(H / 2048)); each thread owns 8 consecutive hidden values (two float4 loads per
 //   pick, one 16-byte store).
 #include "kernels/common.cuh"
+#include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
 
 namespace fp4moe::kernels {
@@ -45,9 +46,10 @@ __global__ void __launch_bounds__(kThreads) fp4moe_finalize(const FinalizeArgs a
 }
 
 cudaError_t launch_finalize(const FinalizeArgs& args, bool pdl, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.tokens),
+                  static_cast<unsigned>((args.hidden + kThreads * kPerThread - 1) / (kThreads * kPerThread)));
   cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(static_cast<unsigned>(args.tokens),
-                    static_cast<unsigned>((args.hidden + kThreads * kPerThread - 1) / (kThreads * kPerThread)));
+  lc.gridDim = grid;
   lc.blockDim = dim3(kThreads);
   lc.stream = stream;
   cudaLaunchAttribute attr[1];

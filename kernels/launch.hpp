@@ -9,6 +9,7 @@
 
 #include "kernels/stream_gemm_layout.hpp"
 #include "kernels/tile_gemm_layout.hpp"
+#include "kernels/wgmma_gemm_layout.hpp"
 
 namespace fp4moe::kernels {
 
@@ -94,6 +95,7 @@ struct StreamGemmArgs {
   const std::int32_t* tb_prefix = nullptr;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: fp32 [slots, H]
   std::int64_t out_ld = 0;
+  int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
 };
@@ -114,6 +116,20 @@ cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfi
 cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
 cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
                              int grid, bool pdl, cudaStream_t stream);
+
+// The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k) in slot order
+// (slot_token unused) and rows of n_chunks * 64 values; row_blocks counts 256-row blocks and
+// tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off sm_90
+// (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
+bool wgmma_supported();
+cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
+cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config, StreamEpilogue epilogue,
+                              int grid, bool pdl, cudaStream_t stream);
+// out[s][permuted_k(k)] = x[slot_token[s]][k] (x[s] when slot_token is null), zero past k, for
+// s < *total_slots (read on the device; max_slots bounds it).
+cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
+                                  const std::int32_t* total_slots, int max_slots, int k, int k_padded,
+                                  std::uint16_t* out, cudaStream_t stream);
 
 struct FinalizeArgs {
   const float* y = nullptr;  // [slots, hidden] fp32

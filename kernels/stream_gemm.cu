@@ -20,27 +20,11 @@
 // later reads itself; only the scale bytes cross lanes (hence the __syncwarp after each wait).
 #include "fp4moe/detail/portable_math.hpp"
 #include "kernels/common.cuh"
+#include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
 
 namespace fp4moe::kernels {
-namespace {
-
-using detail::pm_add;
-using detail::pm_mul;
-using detail::portable_sigmoid;
-using detail::portable_silu;
-
-__device__ __forceinline__ float activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
-  if (epi == StreamEpilogue::kSwiGLU) return pm_mul(portable_silu(gate), up);
-  // gpt-oss: g = min(g, limit); u = clamp(u, -limit, limit); g * sigmoid(alpha * g) * (u + 1),
-  // written as std::min / std::clamp are (NaN handling included).
-  const float g = (limit < gate) ? limit : gate;
-  const float u = (up < -limit) ? -limit : ((limit < up) ? limit : up);
-  return pm_mul(pm_mul(g, portable_sigmoid(pm_mul(alpha, g))), pm_add(u, 1.0f));
-}
-
-}  // namespace
 
 // Where one work item's data lives (for the warp's loader and for its consumer).
 template <int NT>
@@ -95,7 +79,9 @@ __device__ __forceinline__ int act_half_offset(int lane, int half) { return (hal
 // Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
 // the build's resource report and `fp4moe plan` look kernels up by it.
 template <int MT, int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
+// Two CTAs per SM (128 registers a thread) except for 32-token items, whose accumulators and
+// activation fragments need more on some architectures (sm_80, sm_120) and would spill.
+__global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -230,38 +216,12 @@ __global__ void __launch_bounds__(256, 2) fp4moe_stream_gemm(const StreamGemmArg
       }
     }
 
-    // Epilogue of one m16n8 tile: lane holds rows g, g+8 for tokens 8j + 2t + {0, 1}.
-    const float* ps = p.post_scale + 2 * cur.expert;
+    // Epilogue of one m16n8 tile: lane holds rows g and g+8 for tokens 8j + 2t + {0, 1}.
     auto store_tile = [&](int i, int j, const float (&v)[4]) {
-      const int tile = cur.tile0 + i;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int n = 8 * j + 2 * t + q;
-        if (n >= cur.m_count) continue;
-        const std::int64_t out_row = cur.slot0 + n;
-        if constexpr (EPI == StreamEpilogue::kStoreF32) {
-          float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = tile * 16 + g + 8 * h;
-            if (row >= p.rows) continue;
-            float val = v[2 * h + q] * ps[0];
-            if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(cur.expert) * p.rows + row];
-            y[row] = val;
-          }
-        } else {
-          const int inter = p.rows / 2;
-          const int jj = tile * 8 + g;  // intermediate index of this lane's gate/up pair
-          if (jj >= inter) continue;
-          float gate = v[q] * ps[0];
-          float up = v[2 + q] * ps[1];
-          if (p.bias != nullptr) {
-            gate += p.bias[(static_cast<std::int64_t>(cur.expert) * 2 + 0) * inter + jj];
-            up += p.bias[(static_cast<std::int64_t>(cur.expert) * 2 + 1) * inter + jj];
-          }
-          const float val = activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-          static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
-        }
+        if (n < cur.m_count) store_token<EPI>(p, cur.expert, cur.tile0 + i, g, cur.slot0 + n, v[q], v[2 + q]);
       }
     };
 
@@ -333,48 +293,18 @@ KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
 
 cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
   const KernelFn fn = kernel_for(config, epilogue);
-  if (fn == nullptr || !StreamGemmLayout::valid(config)) {
-    return cudaErrorInvalidValue;
-  }
-  // The kernel function is shared by every (stages, warps, k_split) of its tile shape: allow it
-  // the device's whole opt-in shared memory once, so that no config lowers another's limit.
-  int device = 0, optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  const int smem = static_cast<int>(StreamGemmLayout::cta_bytes(config));
-  if (smem > optin) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes fa{};
-  err = cudaFuncGetAttributes(&fa, fn);
-  if (err != cudaSuccess) return err;
-  int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, StreamGemmLayout::threads(config), smem);
-  if (err != cudaSuccess) return err;
-  if (attributes != nullptr) {
-    attributes->registers = fa.numRegs;
-    attributes->local_bytes = static_cast<int>(fa.localSizeBytes);
-    attributes->max_blocks_per_sm = blocks;
-  }
-  return cudaSuccess;
+  if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  return setup_kernel(fn, StreamGemmLayout::threads(config), static_cast<int>(StreamGemmLayout::cta_bytes(config)),
+                      attributes);
 }
 
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
                                int grid, bool pdl, cudaStream_t stream) {
   const KernelFn fn = kernel_for(config, epilogue);
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(static_cast<unsigned>(grid));
-  lc.blockDim = dim3(static_cast<unsigned>(StreamGemmLayout::threads(config)));
-  lc.dynamicSmemBytes = static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config));
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&lc, fn, args, config.stages, config.k_split);
+  return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
+                       static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages,
+                       config.k_split);
 }
 
 }  // namespace fp4moe::kernels

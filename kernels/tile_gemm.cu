@@ -9,36 +9,12 @@
 // Activation rows past K (the K tail) are zero-filled so that zero weights never meet NaN.
 #include "fp4moe/detail/portable_math.hpp"
 #include "kernels/common.cuh"
+#include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
 #include "kernels/tile_gemm_layout.hpp"
 #include "kernels/weight_layout.hpp"
 
 namespace fp4moe::kernels {
-namespace {
-
-using detail::pm_add;
-using detail::pm_mul;
-using detail::portable_sigmoid;
-using detail::portable_silu;
-
-__device__ __forceinline__ float tile_activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
-  if (epi == StreamEpilogue::kSwiGLU) return pm_mul(portable_silu(gate), up);
-  const float g = (limit < gate) ? limit : gate;
-  const float u = (up < -limit) ? -limit : ((limit < up) ? limit : up);
-  return pm_mul(pm_mul(g, portable_sigmoid(pm_mul(alpha, g))), pm_add(u, 1.0f));
-}
-
-// 16-byte copy that writes zeros instead when `valid` is false (src is then not read).
-__device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* src, bool valid) {
-  const int bytes = valid ? 16 : 0;  // src-size 0: nothing is read, 16 zero bytes are written
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-// NOTE: 16-byte piece c of token row r lives at r*128 + (c ^ (r % 8))*16, so the 8 lanes of an
-// LDS.128 phase (rows g, pieces 2t + h) hit 8 distinct 4-bank groups.
-__device__ __forceinline__ int act_piece_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
-
-}  // namespace
 
 template <int MT, int NT, StreamEpilogue EPI>
 __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs p, const int stages) {
@@ -58,8 +34,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
   const int stage_bytes = TileGemmLayout::stage_bytes({MT, NT, kWarps, stages});
   const std::uint32_t base = smem_addr(smem);
   // This lane's two B piece offsets (k-steps 0-1 and 2-3) within a token tile's 1 KB.
-  const std::uint32_t b_off[2] = {static_cast<std::uint32_t>(act_piece_offset(g, 2 * t)),
-                                  static_cast<std::uint32_t>(act_piece_offset(g, 2 * t + 1))};
+  const std::uint32_t b_off[2] = {static_cast<std::uint32_t>(swizzle128_offset(g, 2 * t)),
+                                  static_cast<std::uint32_t>(swizzle128_offset(g, 2 * t + 1))};
 
   pdl_wait();
   pdl_launch_dependents();
@@ -97,7 +73,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
       avalid[i] = r < m_count;
       const std::int64_t row = !avalid[i] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r);
       asrc[i] = p.act + row * p.act_ld + c * 8;
-      adst[i] = static_cast<std::uint32_t>(kActOff + act_piece_offset(r, c));
+      adst[i] = static_cast<std::uint32_t>(kActOff + swizzle128_offset(r, c));
     }
     const int k_pieces = p.k / 8;  // 16-byte pieces of a token row; a piece at or past it is K tail
 
@@ -184,7 +160,6 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
     cp_async_wait<0>();
 
     // Epilogue: lane holds rows g, g+8 of each tile for tokens 8j + 2t + {0, 1}.
-    const float* ps = p.post_scale + 2 * expert;
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
       const int tile = group0 * 4 + warp * MT + i;  // tile index within the expert
@@ -193,31 +168,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int n = 8 * j + 2 * t + q;
-          if (n >= m_count) continue;
-          const std::int64_t out_row = slot0 + n;
-          if constexpr (EPI == StreamEpilogue::kStoreF32) {
-            float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int row = tile * 16 + g + 8 * hh;
-              if (row >= p.rows) continue;
-              float val = acc[i][j][2 * hh + q] * ps[0];
-              if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(expert) * p.rows + row];
-              y[row] = val;
-            }
-          } else {
-            const int inter = p.rows / 2;
-            const int jj = tile * 8 + g;
-            if (jj >= inter) continue;
-            float gate = acc[i][j][q] * ps[0];
-            float up = acc[i][j][2 + q] * ps[1];
-            if (p.bias != nullptr) {
-              gate += p.bias[(static_cast<std::int64_t>(expert) * 2 + 0) * inter + jj];
-              up += p.bias[(static_cast<std::int64_t>(expert) * 2 + 1) * inter + jj];
-            }
-            const float val = tile_activation(EPI, gate, up, p.swiglu_alpha, p.swiglu_limit);
-            static_cast<std::uint16_t*>(p.out)[out_row * p.out_ld + jj] = f32_to_bf16_bits(val);
-          }
+          if (n < m_count) store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][j][q], acc[i][j][2 + q]);
         }
       }
     }
@@ -253,43 +204,16 @@ TileKernelFn tile_kernel_for(const TileGemmConfig& c, StreamEpilogue epi) {
 cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
   const TileKernelFn fn = tile_kernel_for(config, epilogue);
   if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  int device = 0, optin = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  const int smem = static_cast<int>(TileGemmLayout::cta_bytes(config));
-  if (smem > optin) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes fa{};
-  err = cudaFuncGetAttributes(&fa, fn);
-  if (err != cudaSuccess) return err;
-  int blocks = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, TileGemmLayout::threads(config), smem);
-  if (err != cudaSuccess) return err;
-  if (attributes != nullptr) {
-    attributes->registers = fa.numRegs;
-    attributes->local_bytes = static_cast<int>(fa.localSizeBytes);
-    attributes->max_blocks_per_sm = blocks;
-  }
-  return cudaSuccess;
+  return setup_kernel(fn, TileGemmLayout::threads(config), static_cast<int>(TileGemmLayout::cta_bytes(config)),
+                      attributes);
 }
 
 cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
                              int grid, bool pdl, cudaStream_t stream) {
   const TileKernelFn fn = tile_kernel_for(config, epilogue);
   if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(static_cast<unsigned>(grid));
-  lc.blockDim = dim3(static_cast<unsigned>(TileGemmLayout::threads(config)));
-  lc.dynamicSmemBytes = static_cast<std::size_t>(TileGemmLayout::cta_bytes(config));
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&lc, fn, args, config.stages);
+  return launch_kernel(fn, grid, TileGemmLayout::threads(config),
+                       static_cast<std::size_t>(TileGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages);
 }
 
 }  // namespace fp4moe::kernels

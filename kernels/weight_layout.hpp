@@ -118,6 +118,18 @@ FP4MOE_HD void decode_e2m1x8(std::uint32_t w, std::uint32_t (&a)[4]) {
 
 static_assert(kSignRot[0] == kMagRot[0] && kSignRot[1] == kMagRot[1], "a0, a1 use one rotation each");
 
+// Where real k sits in mma-k order (the order the tensor cores pair A and B in): within each
+// 64-chunk, k = 16t + 4s + o goes to k-step s at mma-k 2t + o (o < 2) or 2t + 8 + (o - 2).
+// Activations laid out this way (the wgmma kernel's B operand in shared memory) meet the
+// permuted weight fragments at the right k.
+FP4MOE_HD constexpr int permuted_k(int k) {
+  const int r = k % 64;
+  const int t = r / 16;
+  const int s = (r % 16) / 4;
+  const int o = r % 4;
+  return k - r + 16 * s + (o < 2 ? 2 * t + o : 2 * t + 8 + (o - 2));
+}
+
 // Scale byte -> bf16 bits of the scale factor (see the header comment).
 FP4MOE_HD constexpr std::uint32_t scale_bits(std::uint32_t byte) { return byte * 16u + WeightLayout::kScaleBitsBias; }
 

@@ -58,6 +58,9 @@ struct ArchInfo {
   // (mma.sync m16n8k16) can use. Estimated: the datasheet's dense BF16 tensor peak, times 0.6 on
   // sm_90 (mma.sync does not reach wgmma's rate on Hopper). Scaled with the device's SM count.
   double mma_sync_bf16_tflops = 0;
+  // Dense BF16 rate of wgmma (sm_90 only; 0 elsewhere), TFLOP/s: the datasheet peak, estimated.
+  // Scaled with the device's SM count.
+  double wgmma_bf16_tflops = 0;
 
   std::string source = "table";    // "table" or "device 0 (NVIDIA H200)"
   std::vector<std::string> notes;  // where the device disagreed with the table, and how figures were set

@@ -88,7 +88,8 @@ float nvfp4_global_scale(std::span<const float> x);
 
 // ModelOpt NVFP4 recipe: per block of 16, scale = block_amax / (6 * weight_scale_2) cast to E4M3
 // (nearest even, saturating), a scale that encodes to 0 becomes 1.0; each value is divided (true
-// division) by float(e4m3 scale) * weight_scale_2 and rounded to E2M1 (nearest even, saturating).
+// division) by float(e4m3 scale) * weight_scale_2 and rounded to E2M1 (nearest even, saturating),
+// with ModelOpt's sign rule: a negative value that rounds to zero is stored as code 8 (-0).
 // `global_scale` overrides weight_scale_2 (ModelOpt shares one between gate_proj and up_proj).
 // Throws on non-finite input, naming the first bad index. Deterministic: same input, same bytes.
 QuantizedMatrix quantize_nvfp4(std::span<const float> x, std::int64_t rows, std::int64_t cols,

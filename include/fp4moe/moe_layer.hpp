@@ -18,8 +18,11 @@
 #include <optional>
 #include <string>
 
+#include <span>
+
 #include "fp4moe/bf16.hpp"
 #include "fp4moe/layer.hpp"
+#include "fp4moe/reference.hpp"
 
 struct CUstream_st;
 
@@ -35,8 +38,11 @@ using Stream = CUstream_st*;  // the same type as cudaStream_t
 //   kStream (decode, kernels/stream_gemm_layout.hpp): one warp (or k_split warps) per item of
 //     16*m_tiles weight rows x 8*n_tiles tokens, each warp with a `stages`-deep private ring;
 //   kTile (prefill, kernels/tile_gemm_layout.hpp): one CTA of `warps` warps per item of
-//     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory.
-enum class GemmKernel : std::uint8_t { kStream, kTile };
+//     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory;
+//   kWgmma (prefill on sm_90, kernels/wgmma_gemm_layout.hpp): two warpgroups per item of 256 rows
+//     x 8*n_tiles tokens (64 or 128), wgmma with the weights in registers (m_tiles, warps and
+//     k_split are fixed: 2, 8, 1).
+enum class GemmKernel : std::uint8_t { kStream, kTile, kWgmma };
 
 struct GemmChoice {
   GemmKernel kernel = GemmKernel::kStream;
@@ -48,7 +54,7 @@ struct GemmChoice {
 
   bool operator==(const GemmChoice&) const = default;
   int token_block() const { return 8 * n_tiles; }
-  int rows_per_item() const { return kernel == GemmKernel::kTile ? warps * m_tiles * 16 : m_tiles * 16; }
+  int rows_per_item() const { return kernel == GemmKernel::kStream ? m_tiles * 16 : warps * m_tiles * 16; }
   std::string to_string() const;
 };
 
@@ -111,5 +117,11 @@ class MoeLayer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// One forward from host memory to host memory on the current GPU (uploads the weights each
+// call: for tools such as `fp4moe run`, not for serving). Returns the output and the routing
+// decision in the CPU reference's form. Throws like MoeLayer.
+ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x, std::span<const float> router_logits,
+                            std::int64_t tokens, const MoeLayerOptions& options = {});
 
 }  // namespace fp4moe

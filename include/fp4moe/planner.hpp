@@ -168,7 +168,7 @@ struct KernelExplanation {
 KernelExplanation explain_kernel(std::string_view family, std::string_view config, const ArchInfo& arch,
                                  const KernelResources* resources = nullptr);
 
-// The kernel families the planner knows ("stream-gemm", "tile-gemm").
+// The kernel families the planner knows ("stream-gemm", "tile-gemm", "wgmma-gemm").
 std::vector<std::string> kernel_family_names();
 // Every candidate of the family, judged on `arch` for `problem`. Throws Error naming the family
 // when it is unknown.
@@ -208,8 +208,9 @@ struct LayerGemmPick {
 // The one decision procedure: the layer (MoeLayer) runs exactly this pick, `fp4moe plan` prints it.
 //   1. `preference`, if the planner accepts it on `arch`. A rejected kForced preference throws
 //      Error naming the planner's reason (kInvalidArgument for a shape the kernel does not take or
-//      that is not compiled, kDoesNotFit for the device's limits); a rejected kTuned one is
-//      passed over, with the reason in `why`.
+//      that is not compiled, kUnsupported for a kernel the architecture cannot run (wgmma off
+//      sm_90), kDoesNotFit for the device's limits); a rejected kTuned one is passed over, with
+//      the reason in `why`.
 //   2. gpu::choose_gemm's configuration (the dispatcher), if the planner accepts it.
 //   3. the planner's cheapest feasible candidate over every family, saying why the dispatcher's
 //      was passed over.
@@ -237,11 +238,18 @@ LayerGemmPlan plan_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
                               const ArchInfo& arch, const KernelResources* resources = nullptr,
                               const std::optional<GemmPreference>& preference = std::nullopt);
 
-// The family name ("stream-gemm" or "tile-gemm") and planner label ("m4 n1 k2 s3 w8") of a
+// The family name ("stream-gemm", "tile-gemm", "wgmma-gemm") and planner label ("m4 n1 k2 s3 w8") of a
 // GemmChoice, and back: choice_of_candidate reads a verdict's params (throws Error for a family
 // the layer cannot run).
 std::string_view gemm_family_name(GemmKernel kernel) noexcept;
+// "stream", "tile", "wgmma": the kernel's name in JSON (plan --json, the tune cache).
+std::string_view gemm_kernel_name(GemmKernel kernel) noexcept;
 std::string gemm_choice_label(const GemmChoice& choice);
 GemmChoice choice_of_candidate(const CandidateVerdict& candidate);
+
+// The architecture as this build runs it: `wgmma` off (with a note) when the build compiled no
+// sm_90a image (cuda_architectures()). For planning the local GPU; a named architecture is planned
+// as a build with every image would run it.
+ArchInfo arch_for_this_build(ArchInfo arch);
 
 }  // namespace fp4moe

@@ -64,6 +64,7 @@ std::vector<ArchInfo> build_table() {
   for (auto& a : t) {
     a.mma_sync_fp8 = a.sm >= 89;
     a.wgmma = a.sm == 90;
+    a.wgmma_bf16_tflops = a.wgmma ? 989 : 0;  // H100 SXM dense BF16 peak (estimated for wgmma)
     a.tcgen05 = a.sm == 100 || a.sm == 103;
     a.block_scaled_fp4 = a.sm >= 100;
     if (a.tcgen05) a.block_scaled_instr = "tcgen05.mma kind::mxf4nvf4";
@@ -133,8 +134,9 @@ std::string ArchInfo::to_string() const {
                    clusters ? "yes" : "no", tma_multicast ? "yes" : "no");
   s += fmt::format(
       "  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated), "
-      "mma.sync BF16 {:.0f} TFLOP/s (estimated)\n",
-      sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns, mma_sync_bf16_tflops);
+      "mma.sync BF16 {:.0f} TFLOP/s (estimated){}\n",
+      sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns, mma_sync_bf16_tflops,
+      wgmma ? fmt::format(", wgmma BF16 {:.0f} TFLOP/s (estimated)", wgmma_bf16_tflops) : "");
   for (const auto& n : notes) s += "  note: " + n + "\n";
   return s;
 }
@@ -182,6 +184,7 @@ ArchInfo arch_from_gpu(const GpuInfo& gpu) {
   // the example GPU's without a note of disagreement.
   if (gpu.sm_count > 0) {
     a.mma_sync_bf16_tflops *= static_cast<double>(gpu.sm_count) / a.sm_count;
+    a.wgmma_bf16_tflops *= static_cast<double>(gpu.sm_count) / a.sm_count;
     a.sm_count = gpu.sm_count;
   }
   if (gpu.memory_clock_khz > 0 && gpu.memory_bus_bits > 0) {

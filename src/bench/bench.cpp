@@ -13,16 +13,8 @@
 #include "fp4moe/version.hpp"
 
 namespace fp4moe::bench {
-namespace {
 
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-  return buf;
-}
-
-TimeStats stats(std::vector<double> us) {
+TimeStats summarize(std::vector<double> us) {
   TimeStats s;
   if (us.empty()) return s;
   std::sort(us.begin(), us.end());
@@ -32,6 +24,15 @@ TimeStats stats(std::vector<double> us) {
   s.median_us = us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
   return s;
 }
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+namespace {
 
 // The CPU backend: the reference forward on a small shape, wall-clock medians.
 BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, const Progress& progress) {
@@ -43,7 +44,7 @@ BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, c
   r.device = "CPU (reference backend)";
   r.commit = build_commit();
   r.version = version();
-  r.date = today();
+  r.date = utc_date();
   const LayerDesc& d = options.desc;
   progress("generating random weights");
   const LayerWeights w = random_layer_weights(d, options.seed);
@@ -67,7 +68,7 @@ BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, c
     BenchRow row;
     row.tokens = t;
     row.active_experts = static_cast<double>(std::set<std::int32_t>(res.routing.ids.begin(), res.routing.ids.end()).size());
-    row.fp4moe = stats(times);
+    row.fp4moe = summarize(times);
     row.flops = 2.0 * static_cast<double>(t) * (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate +
                                                 3.0 * d.hidden * d.shared_intermediate);
     row.plan = "reference_forward";

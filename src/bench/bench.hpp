@@ -69,6 +69,11 @@ struct BenchReport {
 
 using Progress = std::function<void(const std::string&)>;
 
+// Median, min and max of run times (microseconds).
+TimeStats summarize(std::vector<double> us);
+// Today's date, UTC, as YYYY-MM-DD.
+std::string utc_date();
+
 // Runs on the GPU when there is one (and options.cpu is false), else on the CPU reference.
 BenchReport run_bench(const BenchOptions& options, const Progress& progress);
 

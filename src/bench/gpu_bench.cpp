@@ -86,17 +86,6 @@ class Events {
   cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
 
-TimeStats stats(std::vector<double> us) {
-  TimeStats s;
-  if (us.empty()) return s;
-  std::sort(us.begin(), us.end());
-  s.runs = static_cast<int>(us.size());
-  s.min_us = us.front();
-  s.max_us = us.back();
-  s.median_us = us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
-  return s;
-}
-
 class Graph {
  public:
   Graph() = default;
@@ -127,7 +116,7 @@ TimeStats time_graphs(const std::vector<Graph>& graphs, cudaStream_t s, int warm
   FP4MOE_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> us;
   for (int i = 0; i < iterations; ++i) us.push_back(ev.time(s, [&] { graphs[i % graphs.size()].launch(s); }));
-  return stats(us);
+  return summarize(us);
 }
 
 double measure_copy_gbps(cudaStream_t s) {
@@ -142,7 +131,7 @@ double measure_copy_gbps(cudaStream_t s) {
       FP4MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
     }));
   }
-  return 2.0 * static_cast<double>(bytes) / stats(us).median_us * 1e-3;
+  return 2.0 * static_cast<double>(bytes) / summarize(us).median_us * 1e-3;
 }
 
 double measure_bf16_tflops(cublasHandle_t h, cudaStream_t s) {
@@ -161,7 +150,7 @@ double measure_bf16_tflops(cublasHandle_t h, cudaStream_t s) {
   for (int i = 0; i < 3; ++i) gemm();
   std::vector<double> us;
   for (int i = 0; i < 20; ++i) us.push_back(ev.time(s, gemm));
-  return 2.0 * n * static_cast<double>(n) * n / stats(us).median_us * 1e-6;
+  return 2.0 * n * static_cast<double>(n) * n / summarize(us).median_us * 1e-6;
 }
 
 // The same layer in BF16 through cuBLAS: fp4moe's routing and grouping kernels, a row gather,
@@ -353,13 +342,6 @@ class Bf16Layer {
   cublasHandle_t handle_ = nullptr;
 };
 
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-  return buf;
-}
-
 }  // namespace
 
 BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress) {
@@ -370,7 +352,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   r.shape_name = options.shape_name;
   r.commit = build_commit();
   r.version = version();
-  r.date = today();
+  r.date = utc_date();
   const auto gpus = list_gpus();
   int dev = 0;
   FP4MOE_CUDA_CHECK(cudaGetDevice(&dev));

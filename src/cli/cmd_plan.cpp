@@ -75,7 +75,9 @@ void find_family_or_throw(const std::string& family) {
 
 void run_plan(const PlanOptions& o) {
   const LayerDesc layer = layer_of(o);
-  ArchInfo arch = resolve_arch(o.arch);
+  const bool local = o.arch.empty() || o.arch == "local";
+  // The local GPU as this build runs it (a named architecture: as a build with every image would).
+  ArchInfo arch = local ? arch_for_this_build(resolve_arch(o.arch)) : resolve_arch(o.arch);
   if (o.dram_gbs > 0) {
     arch.notes.push_back(fmt::format("DRAM bandwidth {} GB/s given on the command line", o.dram_gbs));
     arch.dram_bandwidth_gbs = o.dram_gbs;
@@ -100,7 +102,6 @@ void run_plan(const PlanOptions& o) {
   // On the local GPU the layer would also read the tune cache: so does the plan.
   std::optional<TuneCache> tuned;
   std::string tuned_path;
-  const bool local = o.arch.empty() || o.arch == "local";
   if (local && !o.no_tune_cache) {
     tuned_path = tune_cache_path(o.tune_cache);
     if (!tuned_path.empty()) {
@@ -152,7 +153,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--arch", o->arch, "Architecture (sm_80 ... sm_121) or 'local' for GPU 0")
       ->capture_default_str();
   cmd->add_option("--family", o->family,
-                  "List only this kernel family's candidates (stream-gemm, tile-gemm)");
+                  "List only this kernel family's candidates (stream-gemm, tile-gemm, wgmma-gemm)");
   std::string presets;
   for (const auto& n : layer_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   cmd->add_option("--preset", o->preset, "Layer shape of a model: " + presets);

@@ -13,6 +13,7 @@
 #include "fp4moe/checkpoint.hpp"
 #include "fp4moe/device.hpp"
 #include "fp4moe/error.hpp"
+#include "fp4moe/moe_layer.hpp"
 #include "fp4moe/reference.hpp"
 #include "fp4moe/safetensors.hpp"
 #include "io/checkpoint_internal.hpp"
@@ -26,12 +27,14 @@ namespace {
 // errors of order 1).
 constexpr double kDefaultTolerance = 1e-2;
 
-enum class Backend { kCpuReference };
+enum class Backend { kCpuReference, kGpu };
 
 std::string_view backend_name(Backend b) {
   switch (b) {
     case Backend::kCpuReference:
       return "cpu-reference";
+    case Backend::kGpu:
+      return "gpu";
   }
   return "?";
 }
@@ -48,7 +51,11 @@ Backend choose_backend(const std::string& requested, std::string& why) {
   if (requested != "auto" && requested != "gpu") {
     throw Error(Errc::kInvalidArgument, fmt::format("--backend {}: expected auto, cpu or gpu", requested));
   }
-  const std::string reason = !gpus ? "no GPU: " + no_gpu : "the GPU MoE layer is not in this build yet";
+  if (gpus) {
+    why = requested == "gpu" ? "asked for" : "a GPU is present";
+    return Backend::kGpu;
+  }
+  const std::string reason = "no GPU: " + no_gpu;
   if (requested == "gpu") throw Error(Errc::kUnsupported, "--backend gpu: " + reason);
   why = reason;
   return Backend::kCpuReference;
@@ -59,6 +66,8 @@ ReferenceResult run_backend(Backend backend, const LayerWeights& w, std::span<co
   switch (backend) {
     case Backend::kCpuReference:
       return reference_forward(w, x, logits, tokens, ReferenceOptions{threads});
+    case Backend::kGpu:
+      return gpu_forward(w, x, logits, tokens);
   }
   throw Error(Errc::kInternal, "run: unhandled backend");
 }

@@ -93,7 +93,13 @@ QuantizedMatrix quantize_nvfp4(std::span<const float> x, std::int64_t rows, std:
     q.scales[static_cast<std::size_t>(b)] = scale;
     const float denom = e4m3_to_float(scale) * gs;
     for (int i = 0; i < kNvfp4BlockSize; ++i) {
-      store_code(q, b * kNvfp4BlockSize + i, float_to_e2m1(v[i] / denom));
+      // NOTE: ModelOpt's E2M1 cast (NVFP4QTensor._cast_fp4) takes the sign bit from
+      // `scaled < 0`, so a negative value that rounds to zero is stored as code 8 (-0); -0.0
+      // itself is not < 0 and stays code 0. Both decode to zero; the bytes follow ModelOpt.
+      const float scaled = v[i] / denom;
+      std::uint8_t code = float_to_e2m1(scaled);
+      if (code == 0 && scaled < 0.0f) code = 0x8;
+      store_code(q, b * kNvfp4BlockSize + i, code);
     }
   }
   return q;

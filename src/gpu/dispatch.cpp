@@ -76,6 +76,19 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.k_split = s.k_split;
     return c;
   }
+  if (limits.wgmma && per_expert >= 48.0) {
+    // wgmma: 256 rows x 128 tokens per CTA (64 below 96 tokens per expert), 4 stages.
+    c.kernel = GemmKernel::kWgmma;
+    c.m_tiles = 2;
+    c.warps = 8;
+    c.k_split = 1;
+    c.n_tiles = per_expert >= 96.0 ? 16 : 8;
+    c.stages = 4;
+    while (c.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
+      --c.stages;
+    }
+    return c;
+  }
   // 256 rows x 64 tokens per CTA (32 tokens when experts see fewer than 48), as deep a
   // pipeline as one CTA per SM allows, at most 6 stages.
   c.kernel = GemmKernel::kTile;
@@ -95,10 +108,15 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
 
 StreamGemmConfig stream_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}; }
 kernels::TileGemmConfig tile_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.warps, c.stages}; }
+kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c) { return {c.n_tiles, c.stages}; }
 
 std::int64_t smem_bytes(const GemmChoice& c) {
-  return c.kernel == GemmKernel::kTile ? kernels::TileGemmLayout::cta_bytes(tile_config(c))
-                                       : StreamGemmLayout::cta_bytes(stream_config(c));
+  switch (c.kernel) {
+    case GemmKernel::kTile: return kernels::TileGemmLayout::cta_bytes(tile_config(c));
+    case GemmKernel::kWgmma: return kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c));
+    case GemmKernel::kStream: break;
+  }
+  return StreamGemmLayout::cta_bytes(stream_config(c));
 }
 
 std::string to_string(const StreamGemmConfig& c) {
@@ -113,6 +131,10 @@ namespace fp4moe {
 
 std::string GemmChoice::to_string() const {
   if (kernel == GemmKernel::kStream) return gpu::to_string(gpu::stream_config(*this));
+  if (kernel == GemmKernel::kWgmma) {
+    return fmt::format("wgmma n{} (256 rows x {} tokens per CTA, two warpgroups), {} stages, {} B smem", n_tiles,
+                       token_block(), stages, gpu::smem_bytes(*this));
+  }
   return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles, n_tiles,
                      rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));
 }

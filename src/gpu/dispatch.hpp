@@ -10,6 +10,7 @@
 #include "fp4moe/moe_layer.hpp"
 #include "kernels/stream_gemm_layout.hpp"
 #include "kernels/tile_gemm_layout.hpp"
+#include "kernels/wgmma_gemm_layout.hpp"
 
 namespace fp4moe::gpu {
 
@@ -19,6 +20,7 @@ struct DeviceLimits {
   int sm_count = 0;
   std::int64_t smem_per_block_optin = 0;
   std::int64_t smem_per_sm = 0;
+  bool wgmma = false;  // the sm_90a wgmma kernel can run (an H100/H200 and a build with sm_90a)
 };
 
 // Expected number of experts that receive at least one of T tokens routed top-k of E uniformly,
@@ -36,6 +38,7 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
 
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);
+kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c);
 std::int64_t smem_bytes(const GemmChoice& c);
 
 std::string to_string(const kernels::StreamGemmConfig& c);

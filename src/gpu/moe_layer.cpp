@@ -31,6 +31,7 @@
 #include "kernels/weight_layout.hpp"
 #include "planner/stream_gemm_plan.hpp"
 #include "planner/tile_gemm_plan.hpp"
+#include "planner/wgmma_gemm_plan.hpp"
 #endif
 
 namespace fp4moe {
@@ -123,6 +124,9 @@ struct MoeLayer::Impl {
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   float* y = nullptr;
+  std::uint16_t* x_perm = nullptr;
+  std::int64_t h_padded = 0;  // H rounded up to whole 64-chunks
+  std::int64_t i_padded = 0;  // I likewise
 
   mutable std::mutex mu;
   mutable std::map<std::tuple<int, int, int, int, int, int, int>, int> grid_cache;
@@ -182,6 +186,11 @@ struct MoeLayer::Impl {
             kernels::tile_gemm_setup({shape[0], shape[1], kernels::TileGemmLayout::kWarps, 2}, epi, &attr));
         measured.kernels.push_back({planner::tile_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
       }
+      if (!limits.wgmma) continue;  // not on this device or not in this build: the planner refuses it
+      for (const int n_tiles : kernels::kWgmmaTileNs) {
+        FP4MOE_CUDA_CHECK(kernels::wgmma_gemm_setup({n_tiles, 3}, epi, &attr));
+        measured.kernels.push_back({planner::wgmma_gemm_kernel_key(n_tiles, e), sm, attr.registers, 0, 0});
+      }
     }
   }
 
@@ -210,8 +219,22 @@ struct MoeLayer::Impl {
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
     kernels::KernelAttributes attr;
-    FP4MOE_CUDA_CHECK(c.kernel == GemmKernel::kTile ? kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr)
-                                                    : kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr));
+    cudaError_t err = cudaSuccess;
+    switch (c.kernel) {
+      case GemmKernel::kTile: err = kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr); break;
+      case GemmKernel::kWgmma: err = kernels::wgmma_gemm_setup(gpu::wgmma_config(c), epi, &attr); break;
+      case GemmKernel::kStream: err = kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr); break;
+    }
+    // The planner refuses both cases before a config gets here; a driver that disagrees is a bug.
+    if (err == cudaErrorNotSupported) {
+      fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but needs sm_90 (wgmma) and a build with the "
+           "sm_90a image", c.to_string());
+    }
+    if (err == cudaErrorInvalidValue) {
+      fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but is not compiled into this build",
+           c.to_string());
+    }
+    FP4MOE_CUDA_CHECK(err);
     if (attr.max_blocks_per_sm < 1) {
       fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but the driver fits no block of it on an SM "
            "({} registers per thread)", c.to_string(), attr.registers);
@@ -231,19 +254,30 @@ struct MoeLayer::Impl {
   void launch(const kernels::StreamGemmArgs& args, const GemmChoice& c, kernels::StreamEpilogue epi, bool pdl,
               Stream stream) const {
     const int g = grid(c, epi);
-    if (c.kernel == GemmKernel::kTile) {
-      FP4MOE_CUDA_CHECK(kernels::launch_tile_gemm(args, gpu::tile_config(c), epi, g, pdl, stream));
-    } else {
-      FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
+    switch (c.kernel) {
+      case GemmKernel::kTile:
+        FP4MOE_CUDA_CHECK(kernels::launch_tile_gemm(args, gpu::tile_config(c), epi, g, pdl, stream));
+        break;
+      case GemmKernel::kWgmma:
+        FP4MOE_CUDA_CHECK(kernels::launch_wgmma_gemm(args, gpu::wgmma_config(c), epi, g, pdl, stream));
+        break;
+      case GemmKernel::kStream:
+        FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
+        break;
     }
   }
+
+  std::int64_t max_slots_for(std::int64_t tokens) const { return tokens * (desc.top_k + pieces); }
 
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
   // by expert, with token blocks of tb1 tokens for the first GEMM and tb2 for the second.
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens, int tb1,
                        int tb2) const;
-  // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM).
-  kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x) const;
+  // The k-permuted, slot-ordered copy of x that a wgmma first GEMM reads (after grouping).
+  void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
+  // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
+  // h_permuted: the first GEMM stores h in mma-k order for a wgmma second GEMM).
+  kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x, bool h_permuted) const;
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
            Bf16* out, std::int64_t tokens, RoutingOutput routing) const;
@@ -275,8 +309,12 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   }
   m.device = dev;
   m.sm = gi.sm();
-  m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm};
+  m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm, kernels::wgmma_supported()};
   m.arch = arch_from_gpu(gi);
+  if (m.arch.wgmma && !m.limits.wgmma) {
+    m.arch.wgmma = false;
+    m.arch.notes.push_back("wgmma: this build has no sm_90a image of the wgmma GEMM (not compiled)");
+  }
   m.measure_resources();
   m.load_tune_cache_file();
   // A forced configuration's verdict does not depend on T: judge it now, before any upload.
@@ -358,6 +396,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   // Workspace, carved from one allocation.
   const std::int64_t T = options.max_tokens, k = d.top_k;
   m.max_slots = T * (k + m.pieces);
+  m.h_padded = WeightLayout::chunks(H) * WeightLayout::kChunkK;
+  m.i_padded = WeightLayout::chunks(I) * WeightLayout::kChunkK;
   std::size_t off = 0;
   auto carve = [&](std::size_t bytes) {
     const std::size_t at = off;
@@ -375,8 +415,11 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   const std::size_t o_tb1 = carve(static_cast<std::size_t>(ne + 1) * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
-  const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * I) * 2);
+  // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
+  // stays zero. x_perm (the k-permuted, slot-ordered copy of x) exists only where wgmma runs.
+  const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * m.i_padded) * 2);
   const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 4);
+  const std::size_t o_x_perm = carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
   m.workspace = DeviceBuffer(off);
   auto* base = m.workspace.as<std::uint8_t>();
   m.topk_ids = reinterpret_cast<std::int32_t*>(base + o_ids);
@@ -392,6 +435,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
   m.y = reinterpret_cast<float*>(base + o_y);
+  m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
+  FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
 }
 
 void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
@@ -445,7 +490,15 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   }
 }
 
-kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x) const {
+void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const {
+  FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(reinterpret_cast<const std::uint16_t*>(x), slot_token,
+                                                   offsets + experts_total, static_cast<int>(max_slots_for(tokens)),
+                                                   static_cast<int>(desc.hidden), static_cast<int>(h_padded), x_perm,
+                                                   stream));
+}
+
+kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
+                                                  bool h_permuted) const {
   const std::int64_t H = desc.hidden, I = desc.intermediate;
   kernels::StreamGemmArgs g;
   g.offsets = offsets;
@@ -462,12 +515,19 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.row_blocks = row_blocks(c, 2 * I);
     g.post_scale = ps1.as<float>();
     g.bias = bias1.as<float>();
-    g.act = reinterpret_cast<const std::uint16_t*>(x);
-    g.act_ld = H;
-    g.slot_token = slot_token;
+    if (c.kernel == GemmKernel::kWgmma) {  // reads permute_gather's copy, in slot order
+      g.act = x_perm;
+      g.act_ld = h_padded;
+      g.slot_token = nullptr;
+    } else {
+      g.act = reinterpret_cast<const std::uint16_t*>(x);
+      g.act_ld = H;
+      g.slot_token = slot_token;
+    }
     g.tb_prefix = tb_prefix[0];
     g.out = h;
-    g.out_ld = I;
+    g.out_ld = i_padded;
+    g.out_permuted = h_permuted ? 1 : 0;
   } else {
     g.weights = w2.as<std::uint8_t>();
     g.expert_stride = stride2;
@@ -478,8 +538,9 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.post_scale = ps2.as<float>();
     g.bias = bias2.as<float>();
     g.act = h;
-    g.act_ld = I;
+    g.act_ld = i_padded;
     g.slot_token = nullptr;
+    g.out_permuted = 0;
     g.tb_prefix = tb_prefix[1];
     g.out = y;
     g.out_ld = H;
@@ -504,10 +565,15 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const Decision& decision = decide(tokens);
   const GemmChoice& c1 = decision.choice[0];
   const GemmChoice& c2 = decision.choice[1];
+  const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
+  const kernels::StreamEpilogue e2 = epilogue(gpu::Gemm::kDown);
+  grid(c1, e1);  // sets both kernels up before anything is launched
+  grid(c2, e2);
 
   route_and_group(stream, logits, ids_in, T, c1.token_block(), c2.token_block());
-  launch(gemm_args(gpu::Gemm::kGateUp, c1, x), c1, epilogue(gpu::Gemm::kGateUp), pdl, stream);
-  launch(gemm_args(gpu::Gemm::kDown, c2, x), c2, epilogue(gpu::Gemm::kDown), pdl, stream);
+  if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
+  launch(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1, e1, pdl, stream);
+  launch(gemm_args(gpu::Gemm::kDown, c2, x, false), c2, e2, pdl, stream);
 
   kernels::FinalizeArgs fa;
   fa.y = y;
@@ -626,14 +692,13 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
   FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
   const Gemm g = which == GemmKind::kGateUp ? Gemm::kGateUp : Gemm::kDown;
   const int tb = choice.token_block();
+  const Bf16* x = reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>());
   m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), tb, tb);
-  if (g == Gemm::kDown) {
-    // The down GEMM reads the first GEMM's output: defined values (zeros) rather than whatever
-    // the workspace held.
-    FP4MOE_CUDA_CHECK(cudaMemsetAsync(m.h, 0, static_cast<std::size_t>(m.max_slots * m.desc.intermediate) * 2,
-                                      t.stream));
-  }
-  const kernels::StreamGemmArgs args = m.gemm_args(g, choice, reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>()));
+  // A wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
+  // layer's construction and since written only with finite values: its contents do not change
+  // the time.
+  if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
+  const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
   const auto launch_once = [&] { m.launch(args, choice, epi, false, t.stream); };
   for (int i = 0; i < warmup; ++i) launch_once();

@@ -41,19 +41,6 @@ bool is_weight_file(const fs::path& p) {
          ends_with(p.filename().string(), ".index.json") || p.filename() == "hf_quant_config.json";
 }
 
-// NOTE: ModelOpt's E2M1 cast (NVFP4QTensor._cast_fp4) takes the sign bit from `scaled < 0`,
-// scaled = x / (block scale * weight_scale_2), so a negative value that rounds to zero is stored
-// as code 8 (-0), where quantize_nvfp4 stores +0 (code 0). Both dequantize to zero; the
-// checkpoint keeps ModelOpt's bytes. (-0.0 is not < 0 and stays code 0 in both.)
-void keep_negative_zero_sign(std::span<const float> x, QuantizedMatrix& q) {
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const int shift = static_cast<int>(i % 2) * 4;
-    if (((q.packed[i / 2] >> shift) & 0xf) != 0) continue;
-    const float denom = e4m3_to_float(q.scales[i / kNvfp4BlockSize]) * q.global_scale;
-    if (x[i] / denom < 0.0f) q.packed[i / 2] |= static_cast<std::uint8_t>(0x8 << shift);
-  }
-}
-
 struct Quantizer {
   const ShardedSafetensors& model;
   WeightFormat format;
@@ -130,7 +117,6 @@ struct Quantizer {
       } catch (const Error& e) {
         fail(e.code(), "tensor '{}' rows {}..{}: {}", name, r0, r1 - 1, e.what());
       }
-      if (format == WeightFormat::kNvfp4) keep_negative_zero_sign(x, q);
       std::memcpy(packed.data() + r0 * cols / 2, q.packed.data(), q.packed.size());
       std::memcpy(scales.data() + r0 * (cols / block), q.scales.data(), q.scales.size());
     });

@@ -18,6 +18,7 @@
 #include "fp4moe/planner.hpp"
 #include "kernels/stream_gemm_layout.hpp"
 #include "kernels/tile_gemm_layout.hpp"
+#include "kernels/wgmma_gemm_layout.hpp"
 
 namespace fp4moe::planner {
 
@@ -59,7 +60,27 @@ class KernelFamily {
   // Only called for feasible candidates (blocks_per_sm >= 1).
   virtual CostEstimate cost(const CandidateSpec& spec, const GemmProblem& problem, const ArchInfo& arch,
                             const Occupancy& occupancy) const = 0;
+  // Why the family cannot run on `arch` at all (an instruction it lacks), with the numbers; empty
+  // when it can.
+  virtual std::string unsupported(const ArchInfo& /*arch*/) const { return {}; }
 };
+
+// The prefill families' wave cost model (tile_gemm_plan.cpp; docs/PLANNER.md): items of `rows`
+// weight rows x `tokens` tokens on SMs x blocks/SM resident CTAs, each wave bounded by DRAM,
+// L2->SM, its ring's latency and its mma work at `tflops`. `extra_dram_bytes` are moved once
+// besides the weights, activations and outputs.
+struct PrefillShape {
+  int rows = 0;
+  int tokens = 0;
+  int stages = 0;
+  int stage_bytes = 0;
+  double tflops = 0;
+  std::string_view rate_name;  // "mma.sync", "wgmma"
+  double extra_dram_bytes = 0;
+  std::string_view extra_how;  // what the extra bytes are
+};
+CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& problem, const ArchInfo& arch,
+                          const Occupancy& occupancy);
 
 // Resources, occupancy and the fit verdict of one candidate (no cost).
 CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, const ArchInfo& arch,
@@ -81,11 +102,13 @@ Plan plan_family(const KernelFamily& family, const GemmProblem& problem, const A
 
 const KernelFamily& stream_gemm_family();
 const KernelFamily& tile_gemm_family();
+const KernelFamily& wgmma_gemm_family();
 
 // The spec of one configuration for a problem (its resource key carries the problem's
 // epilogue), whether or not it is among the family's candidates: how the layer's decision
 // (layer_plan.cpp) judges a configuration it was handed.
 CandidateSpec stream_gemm_spec(const kernels::StreamGemmConfig& config, const GemmProblem& problem);
 CandidateSpec tile_gemm_spec(const kernels::TileGemmConfig& config, const GemmProblem& problem);
+CandidateSpec wgmma_gemm_spec(const kernels::WgmmaGemmConfig& config, const GemmProblem& problem);
 
 }  // namespace fp4moe::planner

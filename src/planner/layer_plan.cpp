@@ -7,10 +7,12 @@
 
 #include "common/fail.hpp"
 #include "fp4moe/planner.hpp"
+#include "fp4moe/version.hpp"
 #include "gpu/dispatch.hpp"
 #include "planner/kernel_family.hpp"
 #include "planner/stream_gemm_plan.hpp"
 #include "planner/tile_gemm_plan.hpp"
+#include "planner/wgmma_gemm_plan.hpp"
 
 namespace fp4moe {
 namespace {
@@ -18,25 +20,40 @@ namespace {
 struct Judged {
   const planner::KernelFamily* family = nullptr;
   CandidateVerdict verdict;
-  bool invalid = false;  // the kernel does not take the shape (or it is not compiled)
+  bool invalid = false;      // the kernel does not take the shape (or it is not compiled)
+  bool unsupported = false;  // the architecture (or this build) cannot run the kernel at all
 };
 
 Judged judge_choice(const GemmChoice& c, const GemmProblem& problem, const ArchInfo& arch,
                     const KernelResources* resources) {
   Judged j;
   planner::CandidateSpec spec;
-  if (c.kernel == GemmKernel::kStream) {
-    j.family = &planner::stream_gemm_family();
-    spec = planner::stream_gemm_spec({c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}, problem);
-  } else {
-    j.family = &planner::tile_gemm_family();
-    spec = planner::tile_gemm_spec({c.m_tiles, c.n_tiles, c.warps, c.stages}, problem);
-    if (spec.invalid.empty() && c.k_split != 1) {
-      spec.invalid =
-          fmt::format("k_split={}: the tile kernel does not split K (k_split must be 1)", c.k_split);
-    }
+  switch (c.kernel) {
+    case GemmKernel::kStream:
+      j.family = &planner::stream_gemm_family();
+      spec = planner::stream_gemm_spec({c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}, problem);
+      break;
+    case GemmKernel::kTile:
+      j.family = &planner::tile_gemm_family();
+      spec = planner::tile_gemm_spec({c.m_tiles, c.n_tiles, c.warps, c.stages}, problem);
+      if (spec.invalid.empty() && c.k_split != 1) {
+        spec.invalid =
+            fmt::format("k_split={}: the tile kernel does not split K (k_split must be 1)", c.k_split);
+      }
+      break;
+    case GemmKernel::kWgmma:
+      j.family = &planner::wgmma_gemm_family();
+      spec = planner::wgmma_gemm_spec({c.n_tiles, c.stages}, problem);
+      if (spec.invalid.empty() && (c.m_tiles != 2 || c.warps != 8 || c.k_split != 1)) {
+        spec.invalid = fmt::format(
+            "m_tiles={} warps={} k_split={}: the wgmma kernel runs 256 rows on 8 warps without a K split "
+            "(2, 8, 1)",
+            c.m_tiles, c.warps, c.k_split);
+      }
+      break;
   }
   j.invalid = !spec.invalid.empty();
+  j.unsupported = !j.invalid && !j.family->unsupported(arch).empty();
   j.verdict = planner::evaluate(*j.family, spec, problem, arch, resources);
   return j;
 }
@@ -65,16 +82,44 @@ std::string_view pick_source_name(PickSource source) noexcept {
 }
 
 std::string_view gemm_family_name(GemmKernel kernel) noexcept {
-  return kernel == GemmKernel::kTile ? "tile-gemm" : "stream-gemm";
+  switch (kernel) {
+    case GemmKernel::kTile:
+      return "tile-gemm";
+    case GemmKernel::kWgmma:
+      return "wgmma-gemm";
+    case GemmKernel::kStream:
+      break;
+  }
+  return "stream-gemm";
+}
+
+std::string_view gemm_kernel_name(GemmKernel kernel) noexcept {
+  switch (kernel) {
+    case GemmKernel::kTile:
+      return "tile";
+    case GemmKernel::kWgmma:
+      return "wgmma";
+    case GemmKernel::kStream:
+      break;
+  }
+  return "stream";
 }
 
 std::string gemm_choice_label(const GemmChoice& c) {
-  if (c.kernel == GemmKernel::kTile)
-    return planner::tile_gemm_label({c.m_tiles, c.n_tiles, c.warps, c.stages});
+  switch (c.kernel) {
+    case GemmKernel::kTile:
+      return planner::tile_gemm_label({c.m_tiles, c.n_tiles, c.warps, c.stages});
+    case GemmKernel::kWgmma:
+      return planner::wgmma_gemm_label({c.n_tiles, c.stages});
+    case GemmKernel::kStream:
+      break;
+  }
   return planner::stream_gemm_label({c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split});
 }
 
 GemmChoice choice_of_candidate(const CandidateVerdict& c) {
+  // The wgmma kernel's rows (2 x 16 per warp), warps and K split are fixed.
+  if (c.family == "wgmma-gemm") return {GemmKernel::kWgmma, 2, param(c, "n_tiles"), param(c, "stages"), 8, 1};
   GemmChoice g;
   if (c.family == "stream-gemm") {
     g.kernel = GemmKernel::kStream;
@@ -83,14 +128,24 @@ GemmChoice choice_of_candidate(const CandidateVerdict& c) {
     g.kernel = GemmKernel::kTile;
     g.k_split = 1;
   } else {
-    fail(Errc::kInvalidArgument, "kernel family '{}' is not one the layer runs (stream-gemm, tile-gemm)",
-         c.family);
+    fail(Errc::kInvalidArgument,
+         "kernel family '{}' is not one the layer runs (stream-gemm, tile-gemm, wgmma-gemm)", c.family);
   }
   g.m_tiles = param(c, "m_tiles");
   g.n_tiles = param(c, "n_tiles");
   g.stages = param(c, "stages");
   g.warps = param(c, "warps");
   return g;
+}
+
+ArchInfo arch_for_this_build(ArchInfo arch) {
+  if (arch.wgmma && cuda_architectures().find("90a") == std::string::npos) {
+    arch.wgmma = false;
+    arch.notes.push_back(
+        fmt::format("wgmma: this build has no sm_90a image of the wgmma GEMM (CUDA architectures: '{}')",
+                    cuda_architectures()));
+  }
+  return arch;
 }
 
 std::string LayerGemmPick::to_string() const {
@@ -116,7 +171,9 @@ LayerGemmPick pick_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
     if (j.verdict.feasible)
       return take(preference->choice, j.verdict, preference->source, preference->origin);
     if (preference->source == PickSource::kForced) {
-      fail(j.invalid ? Errc::kInvalidArgument : Errc::kDoesNotFit,
+      fail(j.invalid       ? Errc::kInvalidArgument
+           : j.unsupported ? Errc::kUnsupported
+                           : Errc::kDoesNotFit,
            "GEMM config {} {} ({}, {}) is rejected by the planner for {} on {}: {}", j.verdict.family,
            j.verdict.label, preference->origin, pick_source_name(preference->source),
            pick.problem.to_string(), arch.name, j.verdict.reason);
@@ -124,7 +181,7 @@ LayerGemmPick pick_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
     passed += fmt::format("; {} {} ({}) passed over: {}", j.verdict.family, j.verdict.label,
                           preference->origin, j.verdict.reason);
   }
-  const gpu::DeviceLimits limits{arch.sm_count, arch.smem_per_block_optin, arch.smem_per_sm};
+  const gpu::DeviceLimits limits{arch.sm_count, arch.smem_per_block_optin, arch.smem_per_sm, arch.wgmma};
   const GemmChoice dispatched = gpu::choose_gemm(
       layer, tokens, which == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown, limits);
   const Judged d = judge_choice(dispatched, pick.problem, arch, resources);
@@ -138,7 +195,7 @@ LayerGemmPick pick_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
     if (p.ok() && (!best || p.best().cost_us < best->cost_us)) best = p.best();
   }
   if (!best) {
-    fail(Errc::kDoesNotFit, "plan: no stream-gemm or tile-gemm configuration fits {} on {}{}",
+    fail(Errc::kDoesNotFit, "plan: no configuration of any kernel family fits {} on {}{}",
          pick.problem.to_string(), arch.name, passed);
   }
   return take(choice_of_candidate(*best), *best, PickSource::kCheapest, "");
@@ -199,7 +256,7 @@ std::string LayerGemmPlan::to_json() const {
     for (const auto& [k, v] : pick.verdict.params) params[k] = v;
     j["pick"] = {{"family", pick.verdict.family},
                  {"label", pick.verdict.label},
-                 {"kernel", pick.choice.kernel == GemmKernel::kTile ? "tile" : "stream"},
+                 {"kernel", std::string(gemm_kernel_name(pick.choice.kernel))},
                  {"params", params},
                  {"source", std::string(pick_source_name(pick.source))},
                  {"why", pick.why},

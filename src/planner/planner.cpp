@@ -17,7 +17,7 @@ constexpr double kCostTie = 0.01;
 
 // The family list: add a family here (and its adapter) and `fp4moe plan` knows it.
 std::vector<const planner::KernelFamily*> families() {
-  return {&planner::stream_gemm_family(), &planner::tile_gemm_family()};
+  return {&planner::stream_gemm_family(), &planner::tile_gemm_family(), &planner::wgmma_gemm_family()};
 }
 
 std::string params_text(const std::vector<std::pair<std::string, int>>& params) {
@@ -124,6 +124,8 @@ CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, co
   c.occupancy = occupancy(arch, smem, c.threads, c.registers);
   if (!spec.invalid.empty()) {
     c.reason = spec.invalid;
+  } else if (const std::string why = family.unsupported(arch); !why.empty()) {
+    c.reason = why;
   } else if (smem > arch.smem_per_block_optin) {
     c.reason = fmt::format("needs {} B of shared memory per block ({}{}), {} allows {} B: over by {} B", smem,
                            c.smem_how,

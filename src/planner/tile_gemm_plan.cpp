@@ -1,8 +1,8 @@
-// The tile GEMM family: candidates, their shared memory from TileGemmLayout, and a prefill cost
-// model (docs/PLANNER.md, "The tile family's cost model"): the longest of the DRAM bytes, the
-// L2->SM bytes, the ring's latency and the mma work at the architecture's mma.sync BF16 rate,
-// wave by wave. The rate is an estimate (arch.cpp); the tuner replaces the model with
-// measurements, the shared-memory and occupancy verdicts stay.
+// The tile GEMM family: candidates, their shared memory from TileGemmLayout, and the prefill
+// cost model it shares with the wgmma family (docs/PLANNER.md, "The prefill families' cost
+// model"): the longest of the DRAM bytes, the L2->SM bytes, the ring's latency and the mma work
+// at the architecture's estimated rate, wave by wave. The tuner replaces the model with
+// measurements; the shared-memory and occupancy verdicts stay.
 #include "planner/tile_gemm_plan.hpp"
 
 #include <fmt/format.h>
@@ -118,67 +118,74 @@ class TileGemmFamily final : public KernelFamily {
   CostEstimate cost(const CandidateSpec& spec, const GemmProblem& p, const ArchInfo& arch,
                     const Occupancy& occupancy) const override {
     const auto c = config_of(spec);
-    const double rows = TileGemmLayout::rows(c);
-    const double tokens = TileGemmLayout::tokens(c);
-    const double groups = static_cast<double>((p.n + kRowGroup - 1) / kRowGroup);
-    const double chunks = std::ceil(static_cast<double>(p.k) / kChunkK);
-    const double row_blocks = std::ceil(groups * kRowGroup / rows);
-    const double token_blocks = std::ceil(p.tokens_per_expert / tokens);
-    const double items = std::max(1.0, std::ceil(p.active_experts * token_blocks * row_blocks));
-    // An item streams its row block's weight blocks and its real tokens' activation rows per chunk
-    // (the last row block of an expert holds only the groups that are left).
-    const double item_groups = groups / row_blocks;
-    const double l2_item = chunks * (item_groups * TileGemmLayout::kBlockBytes +
-                                     p.tokens_per_expert / token_blocks * kChunkK * 2.0);
-    // Every mma of an item runs, padding rows and tokens included.
-    const double item_flops = 2.0 * rows * tokens * chunks * kChunkK;
-    // DRAM: every active expert's weights once, the activations once, the outputs once (gate_up:
-    // SwiGLU in bf16, N/2 values per slot; down: fp32).
-    const double slots = static_cast<double>(p.tokens * p.top_k);
-    const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
-    const double dram =
-        p.active_experts * groups * chunks * TileGemmLayout::kBlockBytes + slots * p.k * 2.0 + out_bytes;
-    // Items go to the resident CTAs in waves. A wave of b busy CTAs takes the longest of its DRAM
-    // bytes, its L2->SM bytes, one CTA's chunks at the latency-bound rate of its ring (`stages`
-    // chunks per memory latency), and its mma work at the mma.sync rate (b CTAs spread over the
-    // SMs, ceil(b / SMs) on the busiest).
-    const double resident = static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm;
-    struct Wave {
-      double t_dram, t_l2, t_latency, t_compute, t;
-    };
-    const auto wave = [&](double busy) {
-      Wave w{};
-      w.t_dram = busy * dram / items / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
-      w.t_l2 = busy * l2_item / (arch.l2_bandwidth_gbs * 1e3);
-      w.t_latency = chunks * arch.memory_latency_ns * 1e-3 / c.stages;
-      w.t_compute = std::ceil(busy / arch.sm_count) * arch.sm_count * item_flops /
-                    (arch.mma_sync_bf16_tflops * 1e6);  // FLOPs / (TFLOP/s) in us
-      w.t = std::max({w.t_dram, w.t_l2, w.t_latency, w.t_compute});
-      return w;
-    };
-    const double full_waves = std::floor(items / resident);
-    const double rest = items - full_waves * resident;
-    const Wave first = wave(full_waves > 0 ? resident : rest);
-    const double t = full_waves * wave(resident).t + (rest > 0 ? wave(rest).t : 0.0);
-    const char* bound = first.t == first.t_dram      ? "DRAM"
-                        : first.t == first.t_l2      ? "L2"
-                        : first.t == first.t_latency ? "latency"
-                                                     : "compute";
-    CostEstimate e;
-    e.us = t;
-    e.how = fmt::format(
-        "{}-bound: {:.0f} items of {:.0f} rows x {:.0f} tokens on {:.0f} resident CTAs ({:.0f} full wave(s) "
-        "+ {:.0f} items); a wave: DRAM {:.2f} us, L2->SM {:.2f} us, latency {:.2f} us, mma {:.2f} us at "
-        "{:.0f} TFLOP/s (estimated); {:.2f} MB from DRAM at {:.0f} GB/s",
-        bound, items, rows, tokens, resident, full_waves, rest, first.t_dram, first.t_l2, first.t_latency,
-        first.t_compute, arch.mma_sync_bf16_tflops, dram / 1e6, arch.dram_bandwidth_gbs);
-    e.in_flight_total =
-        c.stages * static_cast<double>(TileGemmLayout::stage_bytes(c)) * std::min(items, resident);
-    return e;
+    return prefill_cost({TileGemmLayout::rows(c), TileGemmLayout::tokens(c), c.stages,
+                         TileGemmLayout::stage_bytes(c), arch.mma_sync_bf16_tflops, "mma.sync", 0, ""},
+                        p, arch, occupancy);
   }
 };
 
 }  // namespace
+
+CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const ArchInfo& arch,
+                          const Occupancy& occupancy) {
+  const double rows = shape.rows;
+  const double tokens = shape.tokens;
+  const double groups = static_cast<double>((p.n + kRowGroup - 1) / kRowGroup);
+  const double chunks = std::ceil(static_cast<double>(p.k) / kChunkK);
+  const double row_blocks = std::ceil(groups * kRowGroup / rows);
+  const double token_blocks = std::ceil(p.tokens_per_expert / tokens);
+  const double items = std::max(1.0, std::ceil(p.active_experts * token_blocks * row_blocks));
+  // An item streams its row block's weight blocks and its real tokens' activation rows per chunk
+  // (the last row block of an expert holds only the groups that are left).
+  const double item_groups = groups / row_blocks;
+  const double l2_item = chunks * (item_groups * TileGemmLayout::kBlockBytes +
+                                   p.tokens_per_expert / token_blocks * kChunkK * 2.0);
+  // Every mma of an item runs, padding rows and tokens included.
+  const double item_flops = 2.0 * rows * tokens * chunks * kChunkK;
+  // DRAM: every active expert's weights once, the activations once, the outputs once (gate_up:
+  // SwiGLU in bf16, N/2 values per slot; down: fp32), and the family's extra bytes.
+  const double slots = static_cast<double>(p.tokens * p.top_k);
+  const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
+  const double dram = p.active_experts * groups * chunks * TileGemmLayout::kBlockBytes + slots * p.k * 2.0 +
+                      out_bytes + shape.extra_dram_bytes;
+  // Items go to the resident CTAs in waves. A wave of b busy CTAs takes the longest of its DRAM
+  // bytes, its L2->SM bytes, one CTA's chunks at the latency-bound rate of its ring (`stages`
+  // chunks per memory latency), and its mma work at the family's rate (b CTAs spread over the
+  // SMs, ceil(b / SMs) on the busiest).
+  const double resident = static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm;
+  struct Wave {
+    double t_dram, t_l2, t_latency, t_compute, t;
+  };
+  const auto wave = [&](double busy) {
+    Wave w{};
+    w.t_dram = busy * dram / items / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
+    w.t_l2 = busy * l2_item / (arch.l2_bandwidth_gbs * 1e3);
+    w.t_latency = chunks * arch.memory_latency_ns * 1e-3 / shape.stages;
+    w.t_compute = std::ceil(busy / arch.sm_count) * arch.sm_count * item_flops /
+                  (shape.tflops * 1e6);  // FLOPs / (TFLOP/s) in us
+    w.t = std::max({w.t_dram, w.t_l2, w.t_latency, w.t_compute});
+    return w;
+  };
+  const double full_waves = std::floor(items / resident);
+  const double rest = items - full_waves * resident;
+  const Wave first = wave(full_waves > 0 ? resident : rest);
+  const double t = full_waves * wave(resident).t + (rest > 0 ? wave(rest).t : 0.0);
+  const char* bound = first.t == first.t_dram      ? "DRAM"
+                      : first.t == first.t_l2      ? "L2"
+                      : first.t == first.t_latency ? "latency"
+                                                   : "compute";
+  CostEstimate e;
+  e.us = t;
+  e.how = fmt::format(
+      "{}-bound: {:.0f} items of {:.0f} rows x {:.0f} tokens on {:.0f} resident CTAs ({:.0f} full wave(s) + "
+      "{:.0f} items); a wave: DRAM {:.2f} us, L2->SM {:.2f} us, latency {:.2f} us, mma {:.2f} us at {:.0f} "
+      "TFLOP/s ({}, estimated); {:.2f} MB from DRAM at {:.0f} GB/s{}",
+      bound, items, rows, tokens, resident, full_waves, rest, first.t_dram, first.t_l2, first.t_latency,
+      first.t_compute, shape.tflops, shape.rate_name, dram / 1e6, arch.dram_bandwidth_gbs,
+      shape.extra_dram_bytes > 0 ? fmt::format(" (with {})", shape.extra_how) : std::string());
+  e.in_flight_total = shape.stages * static_cast<double>(shape.stage_bytes) * std::min(items, resident);
+  return e;
+}
 
 std::vector<TileGemmConfig> tile_gemm_candidates() {
   std::vector<TileGemmConfig> out;

@@ -70,7 +70,7 @@ class Reader {
 };
 
 nlohmann::json gemm_json(const TunedGemm& g) {
-  return {{"kernel", g.choice.kernel == GemmKernel::kTile ? "tile" : "stream"},
+  return {{"kernel", std::string(gemm_kernel_name(g.choice.kernel))},
           {"m_tiles", g.choice.m_tiles},
           {"n_tiles", g.choice.n_tiles},
           {"stages", g.choice.stages},
@@ -83,10 +83,15 @@ nlohmann::json gemm_json(const TunedGemm& g) {
 TunedGemm gemm_from_json(const Reader& r, const nlohmann::json& j, const std::string& where) {
   TunedGemm g;
   const std::string kernel = r.text(j, where, "kernel");
-  if (kernel != "stream" && kernel != "tile") {
-    fail(Errc::kBadFile, "{}: {}.kernel '{}' is not stream or tile", r.origin(), where, kernel);
+  bool known = false;
+  for (const auto k : {GemmKernel::kStream, GemmKernel::kTile, GemmKernel::kWgmma}) {
+    if (kernel == gemm_kernel_name(k)) {
+      g.choice.kernel = k;
+      known = true;
+    }
   }
-  g.choice.kernel = kernel == "tile" ? GemmKernel::kTile : GemmKernel::kStream;
+  if (!known)
+    fail(Errc::kBadFile, "{}: {}.kernel '{}' is not stream, tile or wgmma", r.origin(), where, kernel);
   g.choice.m_tiles = r.small(j, where, "m_tiles");
   g.choice.n_tiles = r.small(j, where, "n_tiles");
   g.choice.stages = r.small(j, where, "stages");

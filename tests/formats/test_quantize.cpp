@@ -49,7 +49,7 @@ std::vector<float> nvfp4_example() {
       -0.765625f,  // -1.75 (tie)  -> 0xc (-2)
       0.328125f,   // 0.75 (tie)   -> 2 (1.0)
       1.53125f,    // 3.5 (tie)    -> 6 (4.0)
-      -0.05f,      // -0.114       -> 0 (+0)
+      -0.05f,      // -0.114       -> 8 (-0: ModelOpt keeps the sign of a value rounded to zero)
   };
   const float block1[6] = {
       0.7f,          // 5.973       -> 7 (6.0)
@@ -66,7 +66,7 @@ std::vector<float> nvfp4_example() {
 
 // Bytes: element 2j in the low nibble of byte j.
 const std::vector<std::uint8_t> kNvfp4ExamplePacked = {
-    0x10, 0x32, 0x54, 0x76, 0x0f, 0xe4, 0x2c, 0x06,  // block 0
+    0x10, 0x32, 0x54, 0x76, 0x0f, 0xe4, 0x2c, 0x86,  // block 0
     0x37, 0xe4, 0x90, 0x00, 0x00, 0x00, 0x00, 0x00,  // block 1: codes 7 3 4 e 0 9, then zeros
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // row 1
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};

@@ -224,6 +224,42 @@ TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
   }
 }
 
+TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.hidden = 400;  // 6 chunks of 64 and a 16-wide tail
+  d.intermediate = 208;  // 3 chunks plus 16: h is read k-permuted with a zero tail
+  d.experts = 4;
+  d.top_k = 2;
+  d.n_group = 2;
+  d.topk_group = 1;
+  d.shared_intermediate = 208;
+  const LayerWeights w = random_layer_weights(d, 16);
+  const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
+  // (n_tiles, stages), and mixed with the stream kernel: GEMM1 then writes h k-permuted for the
+  // wgmma GEMM2, or GEMM2 reads it in natural order.
+  const int configs[][2] = {{16, 4}, {8, 3}, {16, 5}};
+  for (const auto& c : configs) {
+    const GemmChoice wg{GemmKernel::kWgmma, 2, c[0], c[1], 8, 1};
+    for (int mix = 0; mix < 3; ++mix) {
+      MoeLayerOptions o;
+      o.max_tokens = 512;
+      o.gemm1 = mix == 2 ? stream : wg;
+      o.gemm2 = mix == 1 ? stream : wg;
+      SCOPED_TRACE(o.gemm1->to_string() + " / " + o.gemm2->to_string());
+      try {
+        // Off sm_90 (or without the sm_90a image) the planner refuses the forced wgmma config at
+        // construction (kUnsupported).
+        const MoeLayer layer(w, o);
+        for (std::int64_t t : {1, 70, 300}) expect_matches_reference(w, layer, t, 1600 + static_cast<std::uint64_t>(t));
+      } catch (const Error& e) {
+        if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
+        throw;
+      }
+    }
+  }
+}
+
 TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
@@ -234,8 +270,25 @@ TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
   MoeLayerOptions o;
   o.max_tokens = 4096;
   const MoeLayer layer(w, o);
-  EXPECT_NE(layer.plan_summary(4096).find("tile"), std::string::npos) << layer.plan_summary(4096);
+  const std::string plan = layer.plan_summary(4096);
+  EXPECT_TRUE(plan.find("tile") != std::string::npos || plan.find("wgmma") != std::string::npos) << plan;
   expect_matches_reference(w, layer, 4096, 1500);
+}
+
+TEST(GpuMoeLayer, PrefillAt16384Tokens) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.hidden = 512;
+  d.intermediate = 256;
+  d.experts = 32;
+  d.n_group = 4;
+  d.topk_group = 2;
+  d.shared_intermediate = 256;
+  const LayerWeights w = random_layer_weights(d, 17);
+  MoeLayerOptions o;
+  o.max_tokens = 16384;
+  const MoeLayer layer(w, o);
+  expect_matches_reference(w, layer, 16384, 1700);
 }
 
 TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {

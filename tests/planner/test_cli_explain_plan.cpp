@@ -133,7 +133,8 @@ TEST(CliPlan, TextShowsThePickAndTheRejected) {
   EXPECT_EQ(count_lines_with(only.output, "plan: stream-gemm"), 0);
   const auto bad = run_cli(std::string(kGlm5) + " --tokens 4 --family prefill-gemm");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_THAT(bad.output, HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm)"));
+  EXPECT_THAT(bad.output,
+              HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm, wgmma-gemm)"));
 }
 
 TEST(CliPlan, PresetWithCommaSeparatedTokensPrintsBothGemmsAndBothFamilies) {
@@ -143,8 +144,9 @@ TEST(CliPlan, PresetWithCommaSeparatedTokensPrintsBothGemmsAndBothFamilies) {
   EXPECT_EQ(count_lines_with(r.output, "<- PICK"), 4) << r.output;
   EXPECT_EQ(count_lines_with(r.output, "plan: stream-gemm for "), 4);
   EXPECT_EQ(count_lines_with(r.output, "plan: tile-gemm for "), 4);
+  EXPECT_EQ(count_lines_with(r.output, "plan: wgmma-gemm for "), 4);
   EXPECT_EQ(count_lines_with(r.output, "PICK: stream-gemm"), 2) << r.output;  // T=1
-  EXPECT_EQ(count_lines_with(r.output, "PICK: tile-gemm"), 2) << r.output;    // T=4096
+  EXPECT_EQ(count_lines_with(r.output, "PICK: wgmma-gemm"), 2) << r.output;   // T=4096 on sm_90
   EXPECT_EQ(count_lines_with(r.output, "picked by the dispatcher"), 4);
 }
 
@@ -161,7 +163,7 @@ TEST(CliPlan, JsonHasAGemmPerTokenCountAndEveryCandidateFits) {
   }
   for (const auto& g : j.at("gemms")) {
     ASSERT_TRUE(g.at("pick").is_object());
-    ASSERT_EQ(g.at("plans").size(), 2u);
+    ASSERT_EQ(g.at("plans").size(), 3u);
     bool pick_listed = false;
     for (const auto& p : g.at("plans")) {
       for (const auto& c : p.at("candidates")) {

@@ -43,7 +43,7 @@ LayerDesc glm5() {
 
 GemmChoice dispatcher(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const ArchInfo& a) {
   return gpu::choose_gemm(l, tokens, kind == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown,
-                          {a.sm_count, a.smem_per_block_optin, a.smem_per_sm});
+                          {a.sm_count, a.smem_per_block_optin, a.smem_per_sm, a.wgmma});
 }
 
 int count_lines_with(const std::string& text, const std::string& what) {
@@ -62,7 +62,7 @@ TEST(LayerPlan, TheDispatchersConfigIsThePickWhereThePlannerAcceptsIt) {
         SCOPED_TRACE(pick.problem.to_string());
         EXPECT_EQ(pick.source, PickSource::kDispatcher);
         EXPECT_EQ(pick.why, "picked by the dispatcher");
-        EXPECT_EQ(pick.choice, dispatcher(l, t, kind, a));
+        EXPECT_EQ(pick.choice, dispatcher(l, t, kind, a)) << pick.choice.to_string();
         EXPECT_TRUE(pick.verdict.feasible);
         EXPECT_EQ(pick.verdict.label, gemm_choice_label(pick.choice));
         EXPECT_EQ(pick.verdict.family, gemm_family_name(pick.choice.kernel));
@@ -71,11 +71,14 @@ TEST(LayerPlan, TheDispatchersConfigIsThePickWhereThePlannerAcceptsIt) {
   }
 }
 
-TEST(LayerPlan, DecodeStreamsAndPrefillTiles) {
-  const auto& a = arch_by_name("sm_90");
+TEST(LayerPlan, DecodeStreamsPrefillRunsWgmmaOnSm90AndTilesElsewhere) {
+  ArchInfo no_wgmma = arch_by_name("sm_90");  // an sm_90 build without the sm_90a image
+  no_wgmma.wgmma = false;
   for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
-    EXPECT_EQ(pick_layer_gemm(glm5(), 1, kind, a).choice.kernel, GemmKernel::kStream);
-    EXPECT_EQ(pick_layer_gemm(glm5(), 4096, kind, a).choice.kernel, GemmKernel::kTile);
+    EXPECT_EQ(pick_layer_gemm(glm5(), 1, kind, arch_by_name("sm_90")).choice.kernel, GemmKernel::kStream);
+    EXPECT_EQ(pick_layer_gemm(glm5(), 4096, kind, arch_by_name("sm_90")).choice.kernel, GemmKernel::kWgmma);
+    EXPECT_EQ(pick_layer_gemm(glm5(), 4096, kind, arch_by_name("sm_120")).choice.kernel, GemmKernel::kTile);
+    EXPECT_EQ(pick_layer_gemm(glm5(), 4096, kind, no_wgmma).choice.kernel, GemmKernel::kTile);
   }
 }
 
@@ -191,7 +194,7 @@ TEST(LayerPlan, AForcedConfigOutsideTheCandidateGridIsJudgedAndListed) {
   ASSERT_TRUE(plan.ok);
   EXPECT_EQ(plan.pick.choice, one_warp);
   EXPECT_EQ(plan.pick.why, "forced by the caller (MoeLayerOptions::gemm2)");
-  ASSERT_EQ(plan.plans.size(), 2u);
+  ASSERT_EQ(plan.plans.size(), 3u);
   EXPECT_EQ(plan.plans[0].candidates.back().label, "m1 n1 k1 s5 w1");
   const auto text = plan.to_string();
   EXPECT_EQ(count_lines_with(text, "<- PICK"), 1) << text;
@@ -205,8 +208,7 @@ TEST(LayerPlan, NothingFeasibleIsARefusalWithTheNumbers) {
   tiny.smem_per_sm = 9216;
   const auto plan = plan_layer_gemm(glm5(), 1, GemmKind::kDown, tiny);
   EXPECT_FALSE(plan.ok);
-  EXPECT_THAT(plan.refusal,
-              HasSubstr("plan: no stream-gemm or tile-gemm configuration fits down N=6144 K=2048"));
+  EXPECT_THAT(plan.refusal, HasSubstr("plan: no configuration of any kernel family fits down N=6144 K=2048"));
   EXPECT_THAT(plan.refusal, HasSubstr("the dispatcher's stream-gemm"));
   EXPECT_THAT(plan.to_string(), HasSubstr("PICK: none"));
   EXPECT_TRUE(nlohmann::json::parse(plan.to_json()).at("pick").is_null());
@@ -215,20 +217,22 @@ TEST(LayerPlan, NothingFeasibleIsARefusalWithTheNumbers) {
   EXPECT_EQ(code, Errc::kDoesNotFit);
 }
 
-TEST(LayerPlan, PrintsThePickAndBothFamilies) {
+TEST(LayerPlan, PrintsThePickAndEveryFamily) {
   const auto plan = plan_layer_gemm(glm5(), 4096, GemmKind::kGateUp, arch_by_name("sm_120"));
   const auto text = plan.to_string(3);
   EXPECT_THAT(text, HasSubstr("PICK: tile-gemm " + plan.pick.verdict.label + ": picked by the dispatcher"));
   EXPECT_THAT(text, HasSubstr("plan: stream-gemm for gate_up N=4096 K=6144"));
   EXPECT_THAT(text, HasSubstr("plan: tile-gemm for gate_up N=4096 K=6144"));
   EXPECT_EQ(count_lines_with(text, "<- PICK"), 1) << text;
-  EXPECT_EQ(count_lines_with(text, "cheapest estimate: "), 2) << text;
+  EXPECT_EQ(count_lines_with(text, "cheapest estimate: "), 3) << text;
+  EXPECT_EQ(count_lines_with(text, "cheapest estimate: none: no candidate is feasible on sm_120"), 1) << text;
   const auto j = nlohmann::json::parse(plan.to_json());
   EXPECT_EQ(j.at("pick").at("source"), "picked by the dispatcher");
   EXPECT_EQ(j.at("pick").at("family"), "tile-gemm");
   EXPECT_EQ(j.at("pick").at("kernel"), "tile");
   EXPECT_EQ(j.at("pick").at("params").at("warps"), 8);
-  EXPECT_EQ(j.at("plans").size(), 2u);
+  EXPECT_EQ(j.at("plans").size(), 3u);
+  EXPECT_THAT(text, HasSubstr("sm_120 cannot run it: wgmma needs sm_90 and a build with the sm_90a image"));
   EXPECT_EQ(j.at("problem").at("tokens"), 4096);
 }
 
@@ -247,6 +251,8 @@ TEST(LayerPlan, EveryCandidateConvertsToAChoiceAndBack) {
   CandidateVerdict other;
   other.family = "cutlass-grouped";
   EXPECT_THAT(error_of([&] { choice_of_candidate(other); }), HasSubstr("not one the layer runs"));
+  EXPECT_EQ(choice_of_candidate(plan.plans[2].candidates[0]),
+            (GemmChoice{GemmKernel::kWgmma, 2, 8, 3, 8, 1}));
   EXPECT_EQ(pick_source_name(PickSource::kCheapest), "the planner's cheapest feasible candidate");
 }
 

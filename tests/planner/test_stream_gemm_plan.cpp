@@ -370,8 +370,8 @@ TEST(ExplainKernel, BadConfigsAndFamiliesAreNamed) {
               HasSubstr("a K split of 1, 2, 4 or 8 that divides the warps"));
   EXPECT_THAT(
       error_of([&] { plan_kernels("prefill-gemm", make_gemm_problem(glm5(), 1, GemmKind::kDown), a); }),
-      HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm)"));
-  EXPECT_EQ(kernel_family_names(), (std::vector<std::string>{"stream-gemm", "tile-gemm"}));
+      HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm, wgmma-gemm)"));
+  EXPECT_EQ(kernel_family_names(), (std::vector<std::string>{"stream-gemm", "tile-gemm", "wgmma-gemm"}));
 }
 
 TEST(PlanPrinting, TextAndJsonCarryThePickAndTheRejected) {

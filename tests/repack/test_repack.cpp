@@ -108,6 +108,23 @@ TEST(Repack, CodeBitPositionsCoverTheWordOnce) {
   EXPECT_EQ(seen, 0xffffffffu);
 }
 
+TEST(Repack, PermutedKMatchesTheFragmentMapping) {
+  // mma-k position p = 16 s + kappa holds, for lane t = (kappa % 8) / 2, real k 16t + 4s + o with
+  // o = 2 * (kappa / 8) + kappa % 2 (weight_layout.hpp); permuted_k must send that k to p.
+  std::vector<int> seen(128, 0);
+  for (int k = 0; k < 128; ++k) {
+    const int p = kernels::permuted_k(k);
+    ASSERT_EQ(p / 64, k / 64) << "k " << k << " left its chunk";
+    const int s = (p % 64) / 16;
+    const int kappa = p % 16;
+    const int t = (kappa % 8) / 2;
+    const int o = 2 * (kappa / 8) + kappa % 2;
+    EXPECT_EQ(k % 64, 16 * t + 4 * s + o) << "k " << k;
+    ++seen[static_cast<std::size_t>(p)];
+  }
+  for (int p = 0; p < 128; ++p) EXPECT_EQ(seen[static_cast<std::size_t>(p)], 1) << "position " << p;
+}
+
 TEST(Repack, ScaleFactorTimesE2M1IsExactForEveryE4M3Scale) {
   // Every positive E4M3 code as a 1 x 16 matrix whose values are all the code 1 (0.5).
   for (int code = 1; code < 0x7f; ++code) {

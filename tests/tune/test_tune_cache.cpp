@@ -63,6 +63,10 @@ TuneCache sample_cache() {
   e.gate_up = {{GemmKernel::kTile, 2, 8, 6, 8, 1}, 2800.0};
   e.down = {{GemmKernel::kTile, 2, 4, 3, 8, 1}, 1400.5};
   c.entries.push_back(e);
+  e.bucket = 8192;
+  e.gate_up = {{GemmKernel::kWgmma, 2, 16, 4, 8, 1}, 5000.0};
+  e.down = {{GemmKernel::kWgmma, 2, 8, 3, 8, 1}, 2500.0};
+  c.entries.push_back(e);
   return c;
 }
 
@@ -147,6 +151,8 @@ TEST(TuneCache, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(j.at("entries")[0].at("tokens_bucket"), 16);
   EXPECT_EQ(j.at("entries")[0].at("gate_up").at("label"), "m4 n2 k2 s3 w8");
   EXPECT_EQ(j.at("entries")[1].at("down").at("kernel"), "tile");
+  EXPECT_EQ(j.at("entries")[2].at("gate_up").at("kernel"), "wgmma");
+  EXPECT_EQ(j.at("entries")[2].at("gate_up").at("label"), "n16 s4");
 }
 
 TEST(TuneCache, WriteThenReadThroughANewDirectory) {
@@ -185,11 +191,11 @@ TEST(TuneCache, PutReplacesTheSameShapeAndBucket) {
   TuneEntry e = c.entries[0];
   e.gate_up.us = 1.0;
   c.put(e);
-  ASSERT_EQ(c.entries.size(), 2u);
+  ASSERT_EQ(c.entries.size(), 3u);
   EXPECT_EQ(c.entries[0].gate_up.us, 1.0);
   e.bucket = 32;
   c.put(e);
-  EXPECT_EQ(c.entries.size(), 3u);
+  EXPECT_EQ(c.entries.size(), 4u);
 }
 
 TEST(TuneCache, PreferenceNamesTheCacheAndTheBucket) {
@@ -318,7 +324,7 @@ TEST(TuneCache, CorruptFilesAreRejectedWithTheReason) {
   EXPECT_THAT(bad("\"router\": \"sigmoid-group\"", "\"router\": \"argmax\""),
               HasSubstr("entries[0].shape.router: unknown router 'argmax'"));
   EXPECT_THAT(bad("\"kernel\": \"stream\"", "\"kernel\": \"cutlass\""),
-              HasSubstr("entries[0].down.kernel 'cutlass' is not stream or tile"));  // keys are sorted
+              HasSubstr("entries[0].down.kernel 'cutlass' is not stream, tile or wgmma"));  // keys are sorted
   EXPECT_THAT(bad("\"compute_capability\": \"9.0\"", "\"compute_capability\": \"sm90\""),
               HasSubstr("metadata.compute_capability 'sm90' is not <major>.<minor>"));
   EXPECT_THAT(bad("\"us\": 12.5", "\"us\": -1"),

@@ -1,0 +1,61 @@
+// Shared-memory layout of the wgmma grouped GEMM (kernels/wgmma_gemm.cu), the SM90 prefill
+// kernel. The single definition of its shared storage, for the kernel and the planner. C++17.
+//
+// Work split: a CTA of two warpgroups owns one item = (expert, token block of 8*n_tiles tokens,
+// 256 weight rows). Warpgroup w covers rows [128w, 128w + 128) with two m64 wgmma instructions
+// per k-step; inside them, warp i of the group holds rows 16i..16i+15 of each 64 as the A
+// operand in registers (E2M1 decoded with its block scale, weight_layout.hpp), and the token
+// block is the B operand, read by the tensor cores from shared memory (128-byte swizzle).
+//
+// One pipeline stage (one K chunk of 64):
+//   weights+scales  4 row groups x 2304 B  (the fragment layout's blocks as they are)
+//   acts            8*n_tiles tokens x 128 B, 16-byte pieces swizzled by token % 8 (the wgmma
+//                   128B-swizzle K-major layout), starting on a 1024-byte boundary
+// The activations are k-permuted (mma-k order) in global memory beforehand, so the tensor cores
+// pair them with the permuted weight fragments.
+#pragma once
+
+#include <cstdint>
+
+namespace fp4moe::kernels {
+
+struct WgmmaGemmConfig {
+  int n_tiles = 16;  // 8-token tiles per item: 8 (64 tokens) or 16 (128 tokens)
+  int stages = 4;
+
+  constexpr bool operator==(const WgmmaGemmConfig& o) const { return n_tiles == o.n_tiles && stages == o.stages; }
+};
+
+// The n_tiles template instances compiled into the library (wgmma_kernel_for in wgmma_gemm.cu
+// switches over exactly these); stages is a launch-time value. The planner and the launcher
+// read this one list.
+inline constexpr int kWgmmaTileNs[] = {8, 16};
+
+struct WgmmaGemmLayout {
+  static constexpr int kWarps = 8;
+  static constexpr int kRows = 256;
+  static constexpr int kGroups = 4;
+  static constexpr int kBlockBytes = 2304;
+  static constexpr int kActRowBytes = 128;
+  static constexpr int kAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
+
+  static constexpr int tokens(const WgmmaGemmConfig& c) { return c.n_tiles * 8; }
+  static constexpr int act_offset(const WgmmaGemmConfig&) { return kGroups * kBlockBytes; }  // 9216 = 9 x 1024
+  static constexpr int stage_bytes(const WgmmaGemmConfig& c) {
+    const int raw = act_offset(c) + tokens(c) * kActRowBytes;
+    return (raw + kAlign - 1) / kAlign * kAlign;
+  }
+  // The dynamic allocation: the stages plus slack to align the first one to 1024 bytes.
+  static constexpr std::int64_t cta_bytes(const WgmmaGemmConfig& c) {
+    return static_cast<std::int64_t>(c.stages) * stage_bytes(c) + kAlign;
+  }
+  static constexpr int threads(const WgmmaGemmConfig&) { return kWarps * 32; }
+  static constexpr bool valid(const WgmmaGemmConfig& c) {
+    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;  // 3+: see the pipeline
+  }
+};
+
+static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
+static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);
+
+}  // namespace fp4moe::kernels

@@ -1,0 +1,164 @@
+// The wgmma GEMM family: candidates, their shared memory from WgmmaGemmLayout, and the prefill
+// cost model shared with the tile family at wgmma's estimated rate, counting the k-permuted copy
+// of x that its first GEMM reads (docs/PLANNER.md).
+#include "planner/wgmma_gemm_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "common/fail.hpp"
+#include "planner/kernel_family.hpp"
+#include "planner/stream_gemm_plan.hpp"
+
+namespace fp4moe::planner {
+namespace {
+
+using kernels::WgmmaGemmConfig;
+using kernels::WgmmaGemmLayout;
+
+int param(const CandidateSpec& spec, std::string_view name) {
+  for (const auto& [k, v] : spec.params) {
+    if (k == name) return v;
+  }
+  fail(Errc::kInternal, "wgmma-gemm candidate {} has no parameter {}", spec.label, name);
+}
+
+WgmmaGemmConfig config_of(const CandidateSpec& spec) {
+  return {param(spec, "n_tiles"), param(spec, "stages")};
+}
+
+bool compiled(int n_tiles) {
+  for (const int n : kernels::kWgmmaTileNs) {
+    if (n == n_tiles) return true;
+  }
+  return false;
+}
+
+CandidateSpec make_spec(const WgmmaGemmConfig& c) {
+  CandidateSpec s;
+  s.label = wgmma_gemm_label(c);
+  s.params = {{"n_tiles", c.n_tiles}, {"stages", c.stages}};
+  s.dynamic_smem_bytes = WgmmaGemmLayout::cta_bytes(c);
+  s.smem_how = fmt::format("{} stages x {} B + {} B alignment", c.stages, WgmmaGemmLayout::stage_bytes(c),
+                           WgmmaGemmLayout::kAlign);
+  s.threads = WgmmaGemmLayout::threads(c);
+  s.resource_key = {c.n_tiles};
+  if (!compiled(c.n_tiles)) {
+    s.invalid = fmt::format("n_tiles = {} is not a compiled instance (8 or 16)", c.n_tiles);
+  } else if (!WgmmaGemmLayout::valid(c)) {
+    s.invalid = fmt::format("stages={}: the kernel takes 3..8 stages", c.stages);
+  }
+  return s;
+}
+
+class WgmmaGemmFamily final : public KernelFamily {
+ public:
+  std::string_view name() const override { return "wgmma-gemm"; }
+  std::string_view kernel_prefix() const override { return "fp4moe_wgmma_gemm"; }
+
+  std::vector<CandidateSpec> configs() const override {
+    std::vector<CandidateSpec> specs;
+    for (const auto& c : wgmma_gemm_candidates()) specs.push_back(make_spec(c));
+    return specs;
+  }
+
+  std::vector<CandidateSpec> candidates(const GemmProblem& problem) const override {
+    std::vector<CandidateSpec> specs;
+    for (const auto& c : wgmma_gemm_candidates()) specs.push_back(wgmma_gemm_spec(c, problem));
+    return specs;
+  }
+
+  CandidateSpec parse(std::string_view config) const override {
+    // "n16 s4" or "n16,s4": two fields, each a letter and a number.
+    int v[2] = {0, 0};
+    const char letters[2] = {'n', 's'};
+    std::size_t pos = 0;
+    for (int i = 0; i < 2; ++i) {
+      while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
+      const bool letter_ok = pos < config.size() && config[pos] == letters[i];
+      const char* begin = config.data() + pos + 1;
+      const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
+                               : std::from_chars_result{begin, std::errc::invalid_argument};
+      require(letter_ok && r.ec == std::errc() && v[i] > 0,
+              "wgmma-gemm config '{}' is not 'n<n_tiles> s<stages>' (e.g. n16 s4)", config);
+      pos = static_cast<std::size_t>(r.ptr - config.data());
+    }
+    require(pos == config.size(), "wgmma-gemm config '{}' has text after the stages field", config);
+    return make_spec({v[0], v[1]});
+  }
+
+  std::vector<ByteTerm> smem_terms(const CandidateSpec& spec) const override {
+    const auto c = config_of(spec);
+    const int raw =
+        WgmmaGemmLayout::act_offset(c) + WgmmaGemmLayout::tokens(c) * WgmmaGemmLayout::kActRowBytes;
+    const int stage = WgmmaGemmLayout::stage_bytes(c);
+    return {
+        {"weights and scales", WgmmaGemmLayout::act_offset(c),
+         fmt::format("{} x {} B (256 rows in 64-row groups)", WgmmaGemmLayout::kGroups,
+                     WgmmaGemmLayout::kBlockBytes)},
+        {"activations", WgmmaGemmLayout::tokens(c) * WgmmaGemmLayout::kActRowBytes,
+         fmt::format("{} x {} B ({} tokens x 64 values x bf16, 128-byte swizzle)", WgmmaGemmLayout::tokens(c),
+                     WgmmaGemmLayout::kActRowBytes, WgmmaGemmLayout::tokens(c))},
+        {fmt::format("round up to {}", WgmmaGemmLayout::kAlign), stage - raw, "stage alignment (the swizzle)",
+         true},
+        {"the ring's other stages", static_cast<std::int64_t>(c.stages - 1) * stage,
+         fmt::format("{} x {} B (a CTA-wide ring of {})", c.stages - 1, stage, c.stages)},
+        {"alignment slack", WgmmaGemmLayout::kAlign, "to align the first stage to 1024 B", true},
+    };
+  }
+
+  CostEstimate cost(const CandidateSpec& spec, const GemmProblem& p, const ArchInfo& arch,
+                    const Occupancy& occupancy) const override {
+    const auto c = config_of(spec);
+    // The first GEMM reads x k-permuted in slot order: one more pass that reads the rows and
+    // writes them padded to whole 64-chunks.
+    const double chunks = static_cast<double>((p.k + 63) / 64);
+    const double extra = p.kind == GemmKind::kGateUp
+                             ? static_cast<double>(p.tokens * p.top_k) * (p.k + chunks * 64) * 2.0
+                             : 0.0;
+    return prefill_cost(
+        {WgmmaGemmLayout::kRows, WgmmaGemmLayout::tokens(c), c.stages, WgmmaGemmLayout::stage_bytes(c),
+         arch.wgmma_bf16_tflops, "wgmma", extra, "the k-permuted copy of x"},
+        p, arch, occupancy);
+  }
+
+  std::string unsupported(const ArchInfo& arch) const override {
+    if (arch.wgmma) return {};
+    return fmt::format("{} cannot run it: wgmma needs sm_90 and a build with the sm_90a image", arch.name);
+  }
+};
+
+}  // namespace
+
+std::vector<WgmmaGemmConfig> wgmma_gemm_candidates() {
+  std::vector<WgmmaGemmConfig> out;
+  for (const int n : kernels::kWgmmaTileNs) {
+    for (int stages = kWgmmaGemmStagesMin; stages <= kWgmmaGemmStagesMax; ++stages) {
+      const WgmmaGemmConfig c{n, stages};
+      if (WgmmaGemmLayout::valid(c)) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string wgmma_gemm_label(const WgmmaGemmConfig& c) {
+  return fmt::format("n{} s{}", c.n_tiles, c.stages);
+}
+
+std::string wgmma_gemm_kernel_key(int n_tiles, int epilogue) {
+  return fmt::format("fp4moe_wgmma_gemm<{}, {}>", n_tiles, epilogue);
+}
+
+CandidateSpec wgmma_gemm_spec(const WgmmaGemmConfig& config, const GemmProblem& problem) {
+  CandidateSpec s = make_spec(config);
+  s.resource_key.push_back(stream_gemm_epilogue(problem));
+  return s;
+}
+
+const KernelFamily& wgmma_gemm_family() {
+  static const WgmmaGemmFamily family;
+  return family;
+}
+
+}  // namespace fp4moe::planner
