@@ -9,7 +9,9 @@
 #
 # Environment: FP4MOE_ARCH (default: the local GPU's, e.g. 90a), FP4MOE_BENCH_ARGS (extra
 # arguments of `fp4moe bench`), FP4MOE_GPU_FILTER (GoogleTest filter of the GPU tests),
-# FP4MOE_STEPS (any of: build cpu gpu sanitize bench profile; default all but profile),
+# FP4MOE_STEPS (any of: build cpu gpu sanitize tune bench profile; default all but tune and
+# profile), FP4MOE_TUNE_ARGS (arguments of `fp4moe tune`; the cache goes to $OUT/../tune.json and
+# the bench after it uses it),
 # FP4MOE_COMMIT (the commit to report when the tree has no .git). At most 8 files are written.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +77,15 @@ if has sanitize; then
     fi
     cat /tmp/sanitizer-$tool.log >> "$OUT/sanitizer.log"
   done
+fi
+
+if has tune; then
+  log "tune"
+  export FP4MOE_TUNE_CACHE=/tmp/fp4moe-tune.json
+  # shellcheck disable=SC2086
+  "$build/fp4moe" tune ${FP4MOE_TUNE_ARGS:---shape glm5 --tokens 1,4096 --quick} > "$OUT/tune.txt" 2>&1 || {
+    log "TUNE FAILED"; status=1; }
+  tail -15 "$OUT/tune.txt"
 fi
 
 if has bench; then
