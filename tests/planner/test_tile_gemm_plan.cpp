@@ -134,7 +134,7 @@ TEST(TileGemmCost, ComputeBoundByHand) {
   a.mma_sync_bf16_tflops = 1;  // 1e6 FLOP per us
   const auto p = tile_plan(layer(256, 64, 1, 1), 64, GemmKind::kDown, a);
   // n8: one item of 2 x 256 rows x 64 tokens x 64 K = 2097152 FLOPs: 2.097152 us.
-  const auto& n8 = find(p, "m2 n8 s2 w8");
+  const auto n8 = find(p, "m2 n8 s2 w8");
   EXPECT_NEAR(n8.cost_us, 2.097152, 1e-9);
   EXPECT_THAT(n8.cost_how, HasSubstr("compute-bound: 1 items of 256 rows x 64 tokens"));
   // n4: two items of half the FLOPs, both resident on the one SM: the same time.
@@ -151,7 +151,7 @@ TEST(TileGemmCost, DramBoundByHand) {
   const auto p = tile_plan(layer(256, 64, 1, 1), 64, GemmKind::kDown, a);
   // Weights 4 groups x 1 chunk x 2304 B = 9216, activations 64 x 64 x 2 = 8192, fp32 outputs
   // 64 x 256 x 4 = 65536: 82944 B.
-  const auto& c = find(p, "m2 n8 s2 w8");
+  const auto c = find(p, "m2 n8 s2 w8");
   EXPECT_NEAR(c.cost_us, 82.944, 1e-9);
   EXPECT_THAT(c.cost_how, HasSubstr("DRAM-bound"));
 }
