@@ -55,14 +55,15 @@ __global__ void dequantize_bf16_kernel(const DequantArgs a) {
     const std::uint8_t byte = a.packed[i / 2];
     const std::uint32_t code = (c & 1) ? (byte >> 4) : (byte & 15);
     const std::uint8_t sc = a.scales[r * (a.cols / a.block) + c / a.block];
-    const float scale = a.mxfp4 ? (sc == 0xff ? __int_as_float(0x7fc00000) : ldexpf(1.0f, static_cast<int>(sc) - 127))
-                                : e4m3_value(sc) * a.global_scale;
+    const float scale =
+        a.mxfp4 ? (sc == 0xff ? __int_as_float(0x7fc00000) : ldexpf(1.0f, static_cast<int>(sc) - 127))
+                : e4m3_value(sc) * a.global_scale;
     a.out[a.out_row_offset * a.cols + i] = f32_to_bf16_bits(e2m1_value(code) * scale);
   }
 }
 
-__global__ void gather_rows_kernel(const std::uint16_t* x, const std::int32_t* slot_token, int slots, int cols,
-                                   std::uint16_t* out) {
+__global__ void gather_rows_kernel(const std::uint16_t* x, const std::int32_t* slot_token, int slots,
+                                   int cols, std::uint16_t* out) {
   const int s = blockIdx.x;
   if (s >= slots) return;
   const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(slot_token[s]) * cols);

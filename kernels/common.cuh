@@ -26,9 +26,13 @@ __device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* 
 // NOTE: rows of 128 bytes (64 bf16) with 16-byte piece c of row r stored at piece c ^ (r % 8):
 // the 128-byte swizzle of wgmma's K-major layouts (PTX ISA, "Shared Memory Matrix Layout"), and
 // for LDS.128 it puts the 8 lanes of a phase (rows g, pieces 2t + h) on 8 distinct bank groups.
-__device__ __forceinline__ int swizzle128_offset(int row, int piece) { return row * 128 + ((piece ^ (row & 7)) << 4); }
+__device__ __forceinline__ int swizzle128_offset(int row, int piece) {
+  return row * 128 + ((piece ^ (row & 7)) << 4);
+}
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -38,22 +42,54 @@ __device__ __forceinline__ void cp_async_wait() {
 // cp.async.wait_group takes an immediate: dispatch a run-time count (uniform across the warp).
 __device__ __forceinline__ void cp_async_wait_dynamic(int n) {
   switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    case 7: cp_async_wait<7>(); break;
-    case 8: cp_async_wait<8>(); break;
-    case 9: cp_async_wait<9>(); break;
-    case 10: cp_async_wait<10>(); break;
-    case 11: cp_async_wait<11>(); break;
-    case 12: cp_async_wait<12>(); break;
-    case 13: cp_async_wait<13>(); break;
-    case 14: cp_async_wait<14>(); break;
-    default: cp_async_wait<15>(); break;
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    case 3:
+      cp_async_wait<3>();
+      break;
+    case 4:
+      cp_async_wait<4>();
+      break;
+    case 5:
+      cp_async_wait<5>();
+      break;
+    case 6:
+      cp_async_wait<6>();
+      break;
+    case 7:
+      cp_async_wait<7>();
+      break;
+    case 8:
+      cp_async_wait<8>();
+      break;
+    case 9:
+      cp_async_wait<9>();
+      break;
+    case 10:
+      cp_async_wait<10>();
+      break;
+    case 11:
+      cp_async_wait<11>();
+      break;
+    case 12:
+      cp_async_wait<12>();
+      break;
+    case 13:
+      cp_async_wait<13>();
+      break;
+    case 14:
+      cp_async_wait<14>();
+      break;
+    default:
+      cp_async_wait<15>();
+      break;
   }
 }
 
@@ -109,6 +145,8 @@ __device__ __forceinline__ std::uint16_t f32_to_bf16_bits(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(f));
   return r;
 }
-__device__ __forceinline__ float bf16_bits_to_f32(std::uint32_t b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ float bf16_bits_to_f32(std::uint32_t b) {
+  return __uint_as_float(b << 16);
+}
 
 }  // namespace fp4moe::kernels

@@ -14,7 +14,8 @@ namespace fp4moe::kernels {
 
 // SwiGLU, or gpt-oss's clamped variant written as std::min / std::clamp are (NaN handling
 // included), in the CPU reference's operation order.
-__device__ __forceinline__ float gemm_activation(StreamEpilogue epi, float gate, float up, float alpha, float limit) {
+__device__ __forceinline__ float gemm_activation(StreamEpilogue epi, float gate, float up, float alpha,
+                                                 float limit) {
   using detail::pm_add;
   using detail::pm_mul;
   if (epi == StreamEpilogue::kSwiGLU) return pm_mul(detail::portable_silu(gate), up);
@@ -28,8 +29,8 @@ __device__ __forceinline__ float gemm_activation(StreamEpilogue epi, float gate,
 // bias). GEMM1: the tile's rows g and g+8 are the gate and up of intermediate index tile*8 + g;
 // h[out_row][that index] = act(gate, up) in bf16, at its k-permuted column when out_permuted.
 template <StreamEpilogue EPI>
-__device__ __forceinline__ void store_token(const StreamGemmArgs& p, int expert, int tile, int g, std::int64_t out_row,
-                                            float v_g, float v_g8) {
+__device__ __forceinline__ void store_token(const StreamGemmArgs& p, int expert, int tile, int g,
+                                            std::int64_t out_row, float v_g, float v_g8) {
   const float* ps = p.post_scale + 2 * expert;
   if constexpr (EPI == StreamEpilogue::kStoreF32) {
     float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
@@ -64,7 +65,8 @@ template <typename Kernel>
 cudaError_t setup_kernel(Kernel fn, int threads, int smem, KernelAttributes* attributes) {
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   if (smem > optin) return cudaErrorInvalidValue;
   err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);

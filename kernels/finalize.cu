@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(kThreads) fp4moe_finalize(const FinalizeArgs a
   for (int j = 0; j < picks; ++j) {
     if (slots[j] < 0) continue;  // a caller-given id outside [0, E)
     const float w = j < a.top_k ? a.topk_weights[static_cast<std::int64_t>(t) * a.top_k + j] : 1.0f;
-    const float4* y = reinterpret_cast<const float4*>(a.y + static_cast<std::int64_t>(slots[j]) * a.hidden + h0);
+    const float4* y =
+        reinterpret_cast<const float4*>(a.y + static_cast<std::int64_t>(slots[j]) * a.hidden + h0);
     const float4 v0 = y[0];
     const float4 v1 = y[1];
     const float v[kPerThread] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};

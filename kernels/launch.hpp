@@ -13,10 +13,10 @@
 
 namespace fp4moe::kernels {
 
-inline constexpr int kMaxRoutedExperts = 512;   // routing keeps 16 experts per lane in registers
-inline constexpr int kMaxTotalExperts = 1024;   // routed + shared pieces (one-CTA scan)
+inline constexpr int kMaxRoutedExperts = 512;  // routing keeps 16 experts per lane in registers
+inline constexpr int kMaxTotalExperts = 1024;  // routed + shared pieces (one-CTA scan)
 inline constexpr int kMaxTopK = 32;
-inline constexpr int kMaxGroups = 32;           // sigmoid router: one lane per group
+inline constexpr int kMaxGroups = 32;  // sigmoid router: one lane per group
 // Token counts and experts up to which routing and grouping run in one CTA (one launch, for
 // decode); above 256 experts a 1024-thread CTA has too few registers per lane for the keys.
 inline constexpr int kSmallRouteTokens = 128;
@@ -47,17 +47,17 @@ struct GroupArgs {
   const std::int32_t* topk_ids = nullptr;  // [T, k]
   int tokens = 0;
   int top_k = 0;
-  int experts = 0;        // routed experts E
-  int shared_pieces = 0;  // P
-  int tb_tokens[2] = {8, 8};  // token-block size of each GEMM (8 * n_tiles)
-  std::int32_t* counts = nullptr;     // [E+P]; zero before route_scatter_large
-  std::int32_t* cursors = nullptr;    // [E+P]
-  std::int32_t* offsets = nullptr;    // [E+P+1]
-  std::int32_t* active = nullptr;     // [E+P] ids of experts with tokens, ascending
-  std::int32_t* n_active = nullptr;   // [1]
+  int experts = 0;                                  // routed experts E
+  int shared_pieces = 0;                            // P
+  int tb_tokens[2] = {8, 8};                        // token-block size of each GEMM (8 * n_tiles)
+  std::int32_t* counts = nullptr;                   // [E+P]; zero before route_scatter_large
+  std::int32_t* cursors = nullptr;                  // [E+P]
+  std::int32_t* offsets = nullptr;                  // [E+P+1]
+  std::int32_t* active = nullptr;                   // [E+P] ids of experts with tokens, ascending
+  std::int32_t* n_active = nullptr;                 // [1]
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};  // [E+P+1] token blocks before active expert a
-  std::int32_t* slot_token = nullptr;  // [slots] token of each slot
-  std::int32_t* pair_slot = nullptr;   // [T, k+P] slot of each pick (then of each shared piece)
+  std::int32_t* slot_token = nullptr;               // [slots] token of each slot
+  std::int32_t* pair_slot = nullptr;                // [T, k+P] slot of each pick (then of each shared piece)
 };
 
 // Decode sizes (T <= kSmallRouteTokens): route, count, scan and scatter in one CTA. With
@@ -107,24 +107,27 @@ struct KernelAttributes {
   int local_bytes = 0;
   int max_blocks_per_sm = 0;
 };
-cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
-cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
-                               int grid, bool pdl, cudaStream_t stream);
+cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue,
+                              KernelAttributes* attributes);
+cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config,
+                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 
 // The tiled (prefill) GEMM: same arguments; row_blocks counts row blocks of
 // TileGemmLayout::rows(config) rows and tb_prefix token blocks of TileGemmLayout::tokens(config).
-cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
-cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
-                             int grid, bool pdl, cudaStream_t stream);
+cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue,
+                            KernelAttributes* attributes);
+cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config,
+                             StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 
 // The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k) in slot order
 // (slot_token unused) and rows of n_chunks * 64 values; row_blocks counts 256-row blocks and
 // tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off sm_90
 // (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
 bool wgmma_supported();
-cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes);
-cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config, StreamEpilogue epilogue,
-                              int grid, bool pdl, cudaStream_t stream);
+cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue,
+                             KernelAttributes* attributes);
+cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
+                              StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 // out[s][permuted_k(k)] = x[slot_token[s]][k] (x[s] when slot_token is null), zero past k, for
 // s < *total_slots (read on the device; max_slots bounds it).
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
@@ -132,7 +135,7 @@ cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* sl
                                   std::uint16_t* out, cudaStream_t stream);
 
 struct FinalizeArgs {
-  const float* y = nullptr;  // [slots, hidden] fp32
+  const float* y = nullptr;                 // [slots, hidden] fp32
   const std::int32_t* pair_slot = nullptr;  // [T, k+P]; -1: a dropped pick
   const float* topk_weights = nullptr;      // [T, k]
   int tokens = 0;

@@ -227,7 +227,9 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   }
 }
 
-__device__ __forceinline__ bool valid_expert(const GroupArgs& g, int e) { return e >= 0 && e < g.experts; }
+__device__ __forceinline__ bool valid_expert(const GroupArgs& g, int e) {
+  return e >= 0 && e < g.experts;
+}
 
 __device__ __forceinline__ void scatter_pair(const GroupArgs& g, int idx, const int* offsets, int* cursors) {
   const int t = idx / g.top_k;
@@ -252,7 +254,8 @@ __device__ __forceinline__ void scatter_shared(const GroupArgs& g, int idx, cons
 }
 
 template <int PER>
-__global__ void __launch_bounds__(kSmallThreads) route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
+__global__ void __launch_bounds__(kSmallThreads)
+    route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
   constexpr int kWarps = kSmallThreads / 32;
   __shared__ int counts[kMaxTotalExperts];
   __shared__ int offsets[kMaxTotalExperts + 1];
@@ -279,8 +282,10 @@ __global__ void __launch_bounds__(kSmallThreads) route_group_small_kernel(const 
   __syncthreads();
   if (threadIdx.x < n) counts[threadIdx.x] = 0;  // reused as the cursors
   __syncthreads();
-  for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads) scatter_pair(ga, idx, offsets, counts);
-  for (int idx = threadIdx.x; idx < ga.tokens * ga.shared_pieces; idx += kSmallThreads) scatter_shared(ga, idx, offsets);
+  for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads)
+    scatter_pair(ga, idx, offsets, counts);
+  for (int idx = threadIdx.x; idx < ga.tokens * ga.shared_pieces; idx += kSmallThreads)
+    scatter_shared(ga, idx, offsets);
 }
 
 template <int PER>
@@ -357,7 +362,8 @@ cudaError_t launch_group_scan(const GroupArgs& group, cudaStream_t stream) {
 
 cudaError_t launch_group_scatter(const GroupArgs& group, cudaStream_t stream) {
   const std::int64_t work = static_cast<std::int64_t>(group.tokens) * (group.top_k + group.shared_pieces);
-  group_scatter_kernel<<<static_cast<unsigned>((work + kThreads - 1) / kThreads), kThreads, 0, stream>>>(group);
+  group_scatter_kernel<<<static_cast<unsigned>((work + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      group);
   return cudaGetLastError();
 }
 

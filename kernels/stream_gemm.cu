@@ -30,11 +30,11 @@ namespace fp4moe::kernels {
 template <int NT>
 struct ItemView {
   int expert;
-  int slot0;    // first slot (row of the expert's token block in the grouped order)
-  int m_count;  // valid tokens in the block (<= 8 * NT)
-  int tile0;    // first 16-row tile within the expert
-  const std::uint8_t* wbase;       // the expert's row group, chunk 0
-  const std::uint16_t* arow[NT];   // this lane's activation row (token g of each 8-token tile), at 16t
+  int slot0;                      // first slot (row of the expert's token block in the grouped order)
+  int m_count;                    // valid tokens in the block (<= 8 * NT)
+  int tile0;                      // first 16-row tile within the expert
+  const std::uint8_t* wbase;      // the expert's row group, chunk 0
+  const std::uint16_t* arow[NT];  // this lane's activation row (token g of each 8-token tile), at 16t
   bool avalid[NT];
 };
 
@@ -42,8 +42,8 @@ struct ItemView {
 // item: a warp's items only grow, so the expert is found by walking forward from it (a binary
 // search per item cost more than the chunk loop at decode sizes).
 template <int MT, int NT>
-__device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active, int g,
-                                                  int t, int& cursor) {
+__device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active,
+                                                  int g, int t, int& cursor) {
   ItemView<NT> v;
   const int pb = static_cast<int>(item / p.row_blocks);
   const int rb = static_cast<int>(item % p.row_blocks);
@@ -55,13 +55,15 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   v.m_count = min(8 * NT, p.offsets[v.expert + 1] - v.slot0);
   v.tile0 = rb * MT;
   v.wbase = p.weights + static_cast<std::int64_t>(v.expert) * p.expert_stride +
-            static_cast<std::int64_t>(v.tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks * WeightLayout::kBlockBytes +
+            static_cast<std::int64_t>(v.tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks *
+                WeightLayout::kBlockBytes +
             (v.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int s = 8 * j + g;
     v.avalid[j] = s < v.m_count;
-    const std::int64_t row = !v.avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[v.slot0 + s] : v.slot0 + s);
+    const std::int64_t row =
+        !v.avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[v.slot0 + s] : v.slot0 + s);
     v.arow[j] = p.act + row * p.act_ld + 16 * t;
   }
   return v;
@@ -74,14 +76,17 @@ __device__ __forceinline__ void group_barrier(int group, int threads) {
 
 // NOTE: each lane's 32 activation bytes are stored as two 16-byte halves, swapped for odd g, so
 // that the 8 lanes of one LDS.128 phase hit 8 distinct 4-bank groups (no bank conflicts).
-__device__ __forceinline__ int act_half_offset(int lane, int half) { return (half ^ ((lane >> 2) & 1)) * 16; }
+__device__ __forceinline__ int act_half_offset(int lane, int half) {
+  return (half ^ ((lane >> 2) & 1)) * 16;
+}
 
 // Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
 // the build's resource report and `fp4moe plan` look kernels up by it.
 template <int MT, int NT, StreamEpilogue EPI>
 // Two CTAs per SM (128 registers a thread) except for 32-token items, whose accumulators and
 // activation fragments need more on some architectures (sm_80, sm_120) and would spill.
-__global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
+__global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
+    fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -127,11 +132,13 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const
       const std::uint8_t* blk = ld.wbase + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16, blk + i * WeightLayout::kTileWeightBytes + lane * 16);
+        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16,
+                   blk + i * WeightLayout::kTileWeightBytes + lane * 16);
       }
       if (lane < MT * 4) {
         // wbase points at tile tile_in_group; its scales follow the group's 4 weight tiles.
-        const std::uint8_t* sc = blk - (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes +
+        const std::uint8_t* sc = blk -
+                                 (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes +
                                  WeightLayout::kBlockWeightBytes +
                                  (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileScaleBytes;
         cp_async16(st + kScaleOff + lane * 16, sc + lane * 16);
@@ -185,10 +192,14 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const
           const std::uint32_t src = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
           const uint4 lo4 = lds128(src + act_half_offset(lane, 0));
           const uint4 hi4 = lds128(src + act_half_offset(lane, 1));
-          b[j][0][0] = lo4.x; b[j][0][1] = lo4.y;
-          b[j][1][0] = lo4.z; b[j][1][1] = lo4.w;
-          b[j][2][0] = hi4.x; b[j][2][1] = hi4.y;
-          b[j][3][0] = hi4.z; b[j][3][1] = hi4.w;
+          b[j][0][0] = lo4.x;
+          b[j][0][1] = lo4.y;
+          b[j][1][0] = lo4.z;
+          b[j][1][1] = lo4.w;
+          b[j][2][0] = hi4.x;
+          b[j][2][1] = hi4.y;
+          b[j][3][0] = hi4.z;
+          b[j][3][1] = hi4.w;
         } else {
 #pragma unroll
           for (int s = 0; s < 4; ++s) b[j][s][0] = b[j][s][1] = 0u;
@@ -217,7 +228,7 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const
     }
 
     // Epilogue of one m16n8 tile: lane holds rows g and g+8 for tokens 8j + 2t + {0, 1}.
-    auto store_tile = [&](int i, int j, const float (&v)[4]) {
+    auto store_tile = [&](int i, int j, const float(&v)[4]) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int n = 8 * j + 2 * t + q;
@@ -248,7 +259,8 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2) fp4moe_stream_gemm(const
           float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           for (int w = 0; w < k_split; ++w) {
 #pragma unroll
-            for (int q = 0; q < 4; ++q) v[q] += first[w * (MT * NT * 4 * 32) + ((i * NT + j) * 4 + q) * 32 + lane];
+            for (int q = 0; q < 4; ++q)
+              v[q] += first[w * (MT * NT * 4 * 32) + ((i * NT + j) * 4 + q) * 32 + lane];
           }
           store_tile(i, j, v);
         }
@@ -266,9 +278,12 @@ using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 template <int MT, int NT>
 KernelFn pick_epilogue(StreamEpilogue epi) {
   switch (epi) {
-    case StreamEpilogue::kSwiGLU: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
-    case StreamEpilogue::kSwiGLUClamped: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32: return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kSwiGLU:
+      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
+    case StreamEpilogue::kSwiGLUClamped:
+      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
+    case StreamEpilogue::kStoreF32:
+      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreF32>;
   }
   return nullptr;
 }
@@ -277,34 +292,44 @@ KernelFn pick_epilogue(StreamEpilogue epi) {
 KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
   const int key = c.m_tiles * 10 + c.n_tiles;
   switch (key) {
-    case 11: return pick_epilogue<1, 1>(epi);
-    case 21: return pick_epilogue<2, 1>(epi);
-    case 41: return pick_epilogue<4, 1>(epi);
-    case 12: return pick_epilogue<1, 2>(epi);
-    case 22: return pick_epilogue<2, 2>(epi);
-    case 42: return pick_epilogue<4, 2>(epi);
-    case 14: return pick_epilogue<1, 4>(epi);
-    case 24: return pick_epilogue<2, 4>(epi);
-    default: return nullptr;
+    case 11:
+      return pick_epilogue<1, 1>(epi);
+    case 21:
+      return pick_epilogue<2, 1>(epi);
+    case 41:
+      return pick_epilogue<4, 1>(epi);
+    case 12:
+      return pick_epilogue<1, 2>(epi);
+    case 22:
+      return pick_epilogue<2, 2>(epi);
+    case 42:
+      return pick_epilogue<4, 2>(epi);
+    case 14:
+      return pick_epilogue<1, 4>(epi);
+    case 24:
+      return pick_epilogue<2, 4>(epi);
+    default:
+      return nullptr;
   }
 }
 
 }  // namespace
 
-cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
+cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue,
+                              KernelAttributes* attributes) {
   const KernelFn fn = kernel_for(config, epilogue);
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  return setup_kernel(fn, StreamGemmLayout::threads(config), static_cast<int>(StreamGemmLayout::cta_bytes(config)),
-                      attributes);
+  return setup_kernel(fn, StreamGemmLayout::threads(config),
+                      static_cast<int>(StreamGemmLayout::cta_bytes(config)), attributes);
 }
 
-cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config, StreamEpilogue epilogue,
-                               int grid, bool pdl, cudaStream_t stream) {
+cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config,
+                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
   const KernelFn fn = kernel_for(config, epilogue);
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
-                       static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages,
-                       config.k_split);
+                       static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args,
+                       config.stages, config.k_split);
 }
 
 }  // namespace fp4moe::kernels

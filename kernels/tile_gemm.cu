@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
       const int r = piece >> 3;
       const int c = piece & 7;
       avalid[i] = r < m_count;
-      const std::int64_t row = !avalid[i] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r);
+      const std::int64_t row =
+          !avalid[i] ? 0 : (p.slot_token != nullptr ? p.slot_token[slot0 + r] : slot0 + r);
       asrc[i] = p.act + row * p.act_ld + c * 8;
       adst[i] = static_cast<std::uint32_t>(kActOff + swizzle128_offset(r, c));
     }
@@ -128,7 +129,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
         const int tile = warp * MT + i;
         const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
         wq[i] = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
-        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes + (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
+        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
+                                       (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
         s_g[i] = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
         s_g8[i] = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
       }
@@ -136,13 +138,17 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
       for (int h = 0; h < 2; ++h) {  // k-steps 2h and 2h+1: one LDS.128 per token tile
         uint4 bq[NT];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) bq[j] = lds128(st + kActOff + j * 8 * TileGemmLayout::kActRowBytes + b_off[h]);
+        for (int j = 0; j < NT; ++j)
+          bq[j] = lds128(st + kActOff + j * 8 * TileGemmLayout::kActRowBytes + b_off[h]);
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
 #pragma unroll
           for (int ss = 0; ss < 2; ++ss) {
             const int step = 2 * h + ss;
-            const std::uint32_t word = step == 0 ? wq[i].x : step == 1 ? wq[i].y : step == 2 ? wq[i].z : wq[i].w;
+            const std::uint32_t word = step == 0   ? wq[i].x
+                                       : step == 1 ? wq[i].y
+                                       : step == 2 ? wq[i].z
+                                                   : wq[i].w;
             std::uint32_t a[4];
             decode_e2m1x8(word, a);
             a[0] = bf16x2_mul(a[0], s_g[i]);
@@ -183,9 +189,12 @@ using TileKernelFn = void (*)(const StreamGemmArgs, const int);
 template <int MT, int NT>
 TileKernelFn tile_pick_epilogue(StreamEpilogue epi) {
   switch (epi) {
-    case StreamEpilogue::kSwiGLU: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
-    case StreamEpilogue::kSwiGLUClamped: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32: return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kSwiGLU:
+      return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
+    case StreamEpilogue::kSwiGLUClamped:
+      return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
+    case StreamEpilogue::kStoreF32:
+      return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kStoreF32>;
   }
   return nullptr;
 }
@@ -193,27 +202,32 @@ TileKernelFn tile_pick_epilogue(StreamEpilogue epi) {
 // The one place where run-time tile shapes become template instances (kTileShapes).
 TileKernelFn tile_kernel_for(const TileGemmConfig& c, StreamEpilogue epi) {
   switch (c.m_tiles * 10 + c.n_tiles) {
-    case 28: return tile_pick_epilogue<2, 8>(epi);
-    case 24: return tile_pick_epilogue<2, 4>(epi);
-    default: return nullptr;
+    case 28:
+      return tile_pick_epilogue<2, 8>(epi);
+    case 24:
+      return tile_pick_epilogue<2, 4>(epi);
+    default:
+      return nullptr;
   }
 }
 
 }  // namespace
 
-cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
+cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogue,
+                            KernelAttributes* attributes) {
   const TileKernelFn fn = tile_kernel_for(config, epilogue);
   if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  return setup_kernel(fn, TileGemmLayout::threads(config), static_cast<int>(TileGemmLayout::cta_bytes(config)),
-                      attributes);
+  return setup_kernel(fn, TileGemmLayout::threads(config),
+                      static_cast<int>(TileGemmLayout::cta_bytes(config)), attributes);
 }
 
-cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config, StreamEpilogue epilogue,
-                             int grid, bool pdl, cudaStream_t stream) {
+cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config,
+                             StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
   const TileKernelFn fn = tile_kernel_for(config, epilogue);
   if (fn == nullptr || !TileGemmLayout::valid(config)) return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, TileGemmLayout::threads(config),
-                       static_cast<std::size_t>(TileGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages);
+                       static_cast<std::size_t>(TileGemmLayout::cta_bytes(config)), pdl, stream, args,
+                       config.stages);
 }
 
 }  // namespace fp4moe::kernels

@@ -40,8 +40,8 @@ inline constexpr int kTileShapes[][2] = {{2, 8}, {2, 4}};
 
 struct TileGemmLayout {
   static constexpr int kWarps = 8;
-  static constexpr int kBlockBytes = 2304;   // one (64-row group, 64-K chunk) weight block
-  static constexpr int kActRowBytes = 128;   // 64 bf16 of one token
+  static constexpr int kBlockBytes = 2304;  // one (64-row group, 64-K chunk) weight block
+  static constexpr int kActRowBytes = 128;  // 64 bf16 of one token
   static constexpr int kStageAlign = 128;
 
   static constexpr int groups(const TileGemmConfig& c) { return c.warps * c.m_tiles / 4; }

@@ -62,9 +62,9 @@ struct WeightLayout {
   static constexpr int kChunkK = 64;
   static constexpr int kLaneWeightBytes = 16;
   static constexpr int kLaneScaleBytes = 2;
-  static constexpr int kTileWeightBytes = 32 * kLaneWeightBytes;  // 512
-  static constexpr int kTileScaleBytes = 32 * kLaneScaleBytes;    // 64
-  static constexpr int kBlockWeightBytes = kTilesPerGroup * kTileWeightBytes;  // 2048
+  static constexpr int kTileWeightBytes = 32 * kLaneWeightBytes;                            // 512
+  static constexpr int kTileScaleBytes = 32 * kLaneScaleBytes;                              // 64
+  static constexpr int kBlockWeightBytes = kTilesPerGroup * kTileWeightBytes;               // 2048
   static constexpr int kBlockBytes = kBlockWeightBytes + kTilesPerGroup * kTileScaleBytes;  // 2304
   static constexpr std::uint32_t kScaleBitsBias = 0x7680;  // exponent field 237 at byte 0
 
@@ -88,8 +88,12 @@ inline constexpr std::uint32_t kMagBits = 0x01c001c0u;   // e1 e0 m: bf16 bits 8
 
 // The A register (0..3) and half (0 = lo) that hold the code of tile row half h (0: row g,
 // 1: row g+8) at k offset o (0..3) within a k-step.
-FP4MOE_HD constexpr int code_register(int h, int o) { return (o / 2) * 2 + h; }
-FP4MOE_HD constexpr int code_half(int o) { return o & 1; }
+FP4MOE_HD constexpr int code_register(int h, int o) {
+  return (o / 2) * 2 + h;
+}
+FP4MOE_HD constexpr int code_half(int o) {
+  return o & 1;
+}
 
 // Where bit b (0: m, 1: e0, 2: e1, 3: sign) of that code is stored in the step's word.
 FP4MOE_HD constexpr int code_bit_position(int h, int o, int b) {
@@ -131,7 +135,9 @@ FP4MOE_HD constexpr int permuted_k(int k) {
 }
 
 // Scale byte -> bf16 bits of the scale factor (see the header comment).
-FP4MOE_HD constexpr std::uint32_t scale_bits(std::uint32_t byte) { return byte * 16u + WeightLayout::kScaleBitsBias; }
+FP4MOE_HD constexpr std::uint32_t scale_bits(std::uint32_t byte) {
+  return byte * 16u + WeightLayout::kScaleBitsBias;
+}
 
 // A scale byte b placed in both 16-bit halves (b | b << 16) -> the bf16x2 (factor, factor).
 FP4MOE_HD constexpr std::uint32_t scale_pair_from_bytes(std::uint32_t replicated) {

@@ -32,40 +32,69 @@ namespace {
 // leading byte offset 1 (unused by K-major swizzled layouts), stride byte offset 1024 (8 rows of
 // 128 B: the distance between swizzle atoms along N), swizzle mode 1 = 128 B.
 __device__ __forceinline__ std::uint64_t b_descriptor(std::uint32_t smem) {
-  return static_cast<std::uint64_t>((smem & 0x3ffff) >> 4) | (1ull << 16) | (static_cast<std::uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
+  return static_cast<std::uint64_t>((smem & 0x3ffff) >> 4) | (1ull << 16) |
+         (static_cast<std::uint64_t>(1024 >> 4) << 32) | (1ull << 62);
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_one() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void keep_in_registers(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const std::uint32_t (&a)[4], std::uint64_t desc,
-                                                    int accumulate) {
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                                   std::uint64_t desc, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+      "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+      "%31}, {%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const std::uint32_t (&a)[4], std::uint64_t desc,
-                                                    int accumulate) {
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const std::uint32_t (&a)[4],
+                                                    std::uint64_t desc, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+      "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+      "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+      "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %69, p, 1, 1, "
+      "0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 
 template <int NT>
-__device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t (&a)[4], std::uint64_t desc) {
+__device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t (&a)[4],
+                                         std::uint64_t desc) {
   if constexpr (NT == 8) {
     wgmma_m64n64k16_rs(d, a, desc, 1);
   } else {
@@ -94,7 +123,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
   const int t = lane & 3;
   const int stage_bytes = WgmmaGemmLayout::stage_bytes({NT, stages});
   const std::uint32_t raw = smem_addr(smem);
-  const std::uint32_t base = (raw + WgmmaGemmLayout::kAlign - 1) & ~static_cast<std::uint32_t>(WgmmaGemmLayout::kAlign - 1);
+  const std::uint32_t base =
+      (raw + WgmmaGemmLayout::kAlign - 1) & ~static_cast<std::uint32_t>(WgmmaGemmLayout::kAlign - 1);
 
   pdl_wait();
   pdl_launch_dependents();
@@ -158,13 +188,14 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
       for (int q = 0; q < NT * 4; ++q) acc[i][q] = 0.0f;
 
     // This warp's two tiles (rows 128 wg + 64 i + 16 wi) of chunk `st`, decoded for the 4 k-steps.
-    auto decode = [&](std::uint32_t st, std::uint32_t (&a)[2][4][4]) {
+    auto decode = [&](std::uint32_t st, std::uint32_t(&a)[2][4][4]) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int tile = wg * 8 + 4 * i + wi;
         const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
         const uint4 wq = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
-        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes + (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
+        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
+                                       (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
         const std::uint32_t s_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
         const std::uint32_t s_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
         const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -178,7 +209,7 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
         }
       }
     };
-    auto mma = [&](std::uint32_t st, const std::uint32_t (&a)[2][4][4]) {
+    auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[2][4][4]) {
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -206,7 +237,10 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
     int slot = 0;  // the stage of chunk c
     for (int c = 0; c < n_chunks; ++c) {
       const std::uint32_t st = base + slot * stage_bytes;
-      if (c & 1) mma(st, a1); else mma(st, a0);
+      if (c & 1)
+        mma(st, a1);
+      else
+        mma(st, a0);
       slot = slot + 1 == stages ? 0 : slot + 1;
       if (c + 1 < n_chunks) {
         wgmma_wait_one();
@@ -215,7 +249,10 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
         __syncthreads();  // chunk c + 1 visible to all; every warpgroup's wgmmas of c - 1 done
         if (c + stages - 1 < n_chunks) issue(c + stages - 1);
         cp_async_commit();
-        if (c & 1) decode(base + slot * stage_bytes, a0); else decode(base + slot * stage_bytes, a1);
+        if (c & 1)
+          decode(base + slot * stage_bytes, a0);
+        else
+          decode(base + slot * stage_bytes, a1);
       }
     }
     wgmma_wait_all();
@@ -233,7 +270,8 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int n = 8 * j + 2 * t + q;
-          if (n < m_count) store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
+          if (n < m_count)
+            store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
         }
       }
     }
@@ -249,26 +287,32 @@ using WgmmaKernelFn = void (*)(const StreamGemmArgs, const int);
 template <int NT>
 WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
   switch (epi) {
-    case StreamEpilogue::kSwiGLU: return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLU>;
-    case StreamEpilogue::kSwiGLUClamped: return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32: return fp4moe_wgmma_gemm<NT, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kSwiGLU:
+      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLU>;
+    case StreamEpilogue::kSwiGLUClamped:
+      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLUClamped>;
+    case StreamEpilogue::kStoreF32:
+      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kStoreF32>;
   }
   return nullptr;
 }
 
 WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi) {
   switch (c.n_tiles) {
-    case 8: return wgmma_pick_epilogue<8>(epi);
-    case 16: return wgmma_pick_epilogue<16>(epi);
-    default: return nullptr;
+    case 8:
+      return wgmma_pick_epilogue<8>(epi);
+    case 16:
+      return wgmma_pick_epilogue<16>(epi);
+    default:
+      return nullptr;
   }
 }
 
 // k-permuted gather: out[s][permuted_k(k)] = x[slot_token[s]][k], rows padded to k_padded with
 // zeros. One CTA per slot; each thread moves 4 consecutive k (two pairs that land apart).
-__global__ void __launch_bounds__(256) permute_gather_kernel(const std::uint16_t* x, const std::int32_t* slot_token,
-                                                             const std::int32_t* total_slots, int k, int k_padded,
-                                                             std::uint16_t* out) {
+__global__ void __launch_bounds__(256)
+    permute_gather_kernel(const std::uint16_t* x, const std::int32_t* slot_token,
+                          const std::int32_t* total_slots, int k, int k_padded, std::uint16_t* out) {
   pdl_wait();
   const int s = blockIdx.x;
   if (s >= *total_slots) return;  // fewer slots than the bound: caller-given ids were dropped
@@ -297,20 +341,22 @@ bool wgmma_supported() {
          fa.numRegs > 16;
 }
 
-cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue, KernelAttributes* attributes) {
+cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue,
+                             KernelAttributes* attributes) {
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  return setup_kernel(fn, WgmmaGemmLayout::threads(config), static_cast<int>(WgmmaGemmLayout::cta_bytes(config)),
-                      attributes);
+  return setup_kernel(fn, WgmmaGemmLayout::threads(config),
+                      static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), attributes);
 }
 
-cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config, StreamEpilogue epilogue,
-                              int grid, bool pdl, cudaStream_t stream) {
+cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
+                              StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, WgmmaGemmLayout::threads(config),
-                       static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config)), pdl, stream, args, config.stages);
+                       static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config)), pdl, stream, args,
+                       config.stages);
 }
 
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,

@@ -23,7 +23,9 @@ struct WgmmaGemmConfig {
   int n_tiles = 16;  // 8-token tiles per item: 8 (64 tokens) or 16 (128 tokens)
   int stages = 4;
 
-  constexpr bool operator==(const WgmmaGemmConfig& o) const { return n_tiles == o.n_tiles && stages == o.stages; }
+  constexpr bool operator==(const WgmmaGemmConfig& o) const {
+    return n_tiles == o.n_tiles && stages == o.stages;
+  }
 };
 
 // The n_tiles template instances compiled into the library (wgmma_kernel_for in wgmma_gemm.cu
@@ -40,7 +42,9 @@ struct WgmmaGemmLayout {
   static constexpr int kAlign = 1024;  // the 128-byte swizzle pattern repeats every 1024 bytes
 
   static constexpr int tokens(const WgmmaGemmConfig& c) { return c.n_tiles * 8; }
-  static constexpr int act_offset(const WgmmaGemmConfig&) { return kGroups * kBlockBytes; }  // 9216 = 9 x 1024
+  static constexpr int act_offset(const WgmmaGemmConfig&) {
+    return kGroups * kBlockBytes;
+  }  // 9216 = 9 x 1024
   static constexpr int stage_bytes(const WgmmaGemmConfig& c) {
     const int raw = act_offset(c) + tokens(c) * kActRowBytes;
     return (raw + kAlign - 1) / kAlign * kAlign;

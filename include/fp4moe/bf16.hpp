@@ -31,6 +31,8 @@ struct Bf16 {
 static_assert(sizeof(Bf16) == 2);
 
 // Rounds a float to the nearest bfloat16 and back (what storing to bf16 does to a value).
-constexpr float round_to_bf16(float f) noexcept { return Bf16::from_float(f).to_float(); }
+constexpr float round_to_bf16(float f) noexcept {
+  return Bf16::from_float(f).to_float();
+}
 
 }  // namespace fp4moe

@@ -100,8 +100,7 @@ QuantizedMatrix quantize_nvfp4(std::span<const float> x, std::int64_t rows, std:
 // saturating). An all-zero block gets exponent 0 (scale code 127).
 QuantizedMatrix quantize_mxfp4(std::span<const float> x, std::int64_t rows, std::int64_t cols);
 
-QuantizedMatrix quantize(WeightFormat format, std::span<const float> x, std::int64_t rows,
-                         std::int64_t cols);
+QuantizedMatrix quantize(WeightFormat format, std::span<const float> x, std::int64_t rows, std::int64_t cols);
 
 std::vector<float> dequantize(const QuantizedMatrix& q);
 
@@ -111,9 +110,9 @@ std::vector<float> dequantize(const QuantizedMatrix& q);
 
 std::int64_t swizzled_scale_offset(std::int64_t r, std::int64_t c, std::int64_t scale_cols) noexcept;
 std::int64_t swizzled_scale_bytes(std::int64_t rows, std::int64_t scale_cols) noexcept;
-std::vector<std::uint8_t> swizzle_scales_128x4(std::span<const std::uint8_t> linear,
-                                               std::int64_t rows, std::int64_t scale_cols);
-std::vector<std::uint8_t> unswizzle_scales_128x4(std::span<const std::uint8_t> swizzled,
-                                                 std::int64_t rows, std::int64_t scale_cols);
+std::vector<std::uint8_t> swizzle_scales_128x4(std::span<const std::uint8_t> linear, std::int64_t rows,
+                                               std::int64_t scale_cols);
+std::vector<std::uint8_t> unswizzle_scales_128x4(std::span<const std::uint8_t> swizzled, std::int64_t rows,
+                                                 std::int64_t scale_cols);
 
 }  // namespace fp4moe

@@ -35,9 +35,9 @@ enum class Activation : std::uint8_t {
   kSwiGLUClamped,  // gpt-oss: g = min(g, limit); u = clamp(u, -limit, limit); g*sigmoid(alpha*g)*(u+1)
 };
 
-std::string_view router_name(RouterKind kind) noexcept;          // "softmax", "sigmoid-group", "topk-softmax"
-RouterKind parse_router_kind(std::string_view name);              // throws Error naming the value
-std::string_view activation_name(Activation activation) noexcept; // "swiglu", "swiglu-clamped"
+std::string_view router_name(RouterKind kind) noexcept;  // "softmax", "sigmoid-group", "topk-softmax"
+RouterKind parse_router_kind(std::string_view name);     // throws Error naming the value
+std::string_view activation_name(Activation activation) noexcept;  // "swiglu", "swiglu-clamped"
 Activation parse_activation(std::string_view name);
 
 struct LayerDesc {
@@ -51,8 +51,8 @@ struct LayerDesc {
   std::int64_t topk_group = 1;         // sigmoid router: groups kept
   float routed_scaling_factor = 1.0f;  // sigmoid router: multiplies the final weights
   Activation activation = Activation::kSwiGLU;
-  float swiglu_alpha = 1.702f;  // kSwiGLUClamped only
-  float swiglu_limit = 7.0f;    // kSwiGLUClamped only
+  float swiglu_alpha = 1.702f;           // kSwiGLUClamped only
+  float swiglu_limit = 7.0f;             // kSwiGLUClamped only
   std::int64_t shared_intermediate = 0;  // intermediate size of the shared expert; 0 = none
   WeightFormat format = WeightFormat::kNvfp4;
   bool expert_bias = false;  // experts carry biases (gpt-oss)
@@ -60,7 +60,8 @@ struct LayerDesc {
   // Throws Error naming the first bad field and what was expected (hidden and intermediate a
   // multiple of the format's block, 1 <= top_k <= experts, n_group divides experts, ...).
   void validate() const;
-  // One line, e.g. "H=6144 I=2048 E=256 top-8 sigmoid-group(groups 1/1, scale 2.5) swiglu nvfp4 shared I=2048".
+  // One line, e.g. "H=6144 I=2048 E=256 top-8 sigmoid-group(groups 1/1, scale 2.5) swiglu nvfp4 shared
+  // I=2048".
   std::string to_string() const;
 };
 
@@ -70,9 +71,9 @@ LayerDesc layer_preset(std::string_view name);
 std::vector<std::string> layer_preset_names();
 
 struct ExpertWeights {
-  QuantizedMatrix gate;  // [I, H]
-  QuantizedMatrix up;    // [I, H]
-  QuantizedMatrix down;  // [H, I]
+  QuantizedMatrix gate;                              // [I, H]
+  QuantizedMatrix up;                                // [I, H]
+  QuantizedMatrix down;                              // [H, I]
   std::vector<float> gate_bias, up_bias, down_bias;  // empty, or [I], [I], [H] (expert_bias)
 };
 

@@ -6,7 +6,8 @@
 // forward() neither allocates device memory nor synchronizes with the host: its workspace is
 // sized at construction for options.max_tokens, so a forward can be captured in a CUDA graph and
 // replayed. The first forward of each token count decides its kernel configurations on the host
-// (planner::pick_layer_gemm, remembered per token count). The same inputs give bitwise the same output on every run (no float atomics).
+// (planner::pick_layer_gemm, remembered per token count). The same inputs give bitwise the same output on
+// every run (no float atomics).
 //
 // Pointers: x is bf16 [T, H], router_logits fp32 [T, E], out bf16 [T, H], all row-major, on the
 // layer's device, 16-byte aligned. This header needs no CUDA headers; `Stream` is cudaStream_t.
@@ -59,9 +60,9 @@ struct GemmChoice {
 };
 
 struct MoeLayerOptions {
-  std::int64_t max_tokens = 4096;  // the largest T a forward accepts (sizes the workspace)
-  int device = -1;                 // CUDA device; -1: the current one
-  bool programmatic_launch = true; // overlap kernel launches with PDL on sm_90+
+  std::int64_t max_tokens = 4096;   // the largest T a forward accepts (sizes the workspace)
+  int device = -1;                  // CUDA device; -1: the current one
+  bool programmatic_launch = true;  // overlap kernel launches with PDL on sm_90+
   // Force a kernel configuration for every forward (tests, tuning); unset: the layer decides
   // (planner::pick_layer_gemm: the tune cache, else the dispatcher's heuristics, each only if the
   // planner accepts it). A forced configuration the planner rejects makes the constructor throw.
@@ -121,7 +122,8 @@ class MoeLayer {
 // One forward from host memory to host memory on the current GPU (uploads the weights each
 // call: for tools such as `fp4moe run`, not for serving). Returns the output and the routing
 // decision in the CPU reference's form. Throws like MoeLayer.
-ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x, std::span<const float> router_logits,
-                            std::int64_t tokens, const MoeLayerOptions& options = {});
+ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x,
+                            std::span<const float> router_logits, std::int64_t tokens,
+                            const MoeLayerOptions& options = {});
 
 }  // namespace fp4moe

@@ -51,11 +51,9 @@ ReferenceResult reference_forward(const LayerWeights& weights, std::span<const B
 
 // The same with a routing decision made elsewhere (engines that route themselves).
 ReferenceResult reference_forward_routed(const LayerWeights& weights, std::span<const Bf16> x,
-                                         const Routing& routing,
-                                         const ReferenceOptions& options = {});
+                                         const Routing& routing, const ReferenceOptions& options = {});
 
 // Router logits from hidden states, for layers that carry router_weight: x @ W^T (+ bias), fp32.
-std::vector<float> router_logits(const LayerWeights& weights, std::span<const Bf16> x,
-                                 std::int64_t tokens);
+std::vector<float> router_logits(const LayerWeights& weights, std::span<const Bf16> x, std::int64_t tokens);
 
 }  // namespace fp4moe

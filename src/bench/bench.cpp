@@ -67,10 +67,12 @@ BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, c
     }
     BenchRow row;
     row.tokens = t;
-    row.active_experts = static_cast<double>(std::set<std::int32_t>(res.routing.ids.begin(), res.routing.ids.end()).size());
+    row.active_experts =
+        static_cast<double>(std::set<std::int32_t>(res.routing.ids.begin(), res.routing.ids.end()).size());
     row.fp4moe = summarize(times);
-    row.flops = 2.0 * static_cast<double>(t) * (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate +
-                                                3.0 * d.hidden * d.shared_intermediate);
+    row.flops = 2.0 * static_cast<double>(t) *
+                (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate +
+                 3.0 * d.hidden * d.shared_intermediate);
     row.plan = "reference_forward";
     r.rows.push_back(row);
   }
@@ -102,29 +104,32 @@ BenchReport run_bench(const BenchOptions& options, const Progress& progress) {
 std::string format_table(const BenchReport& r) {
   std::string s;
   if (r.backend == "gpu") {
-    s += fmt::format("fp4moe bench: {} ({}), {} on {} (sm_{}), commit {}, {}\n", r.shape_name, r.desc.to_string(),
-                     r.backend, r.device, r.sm, r.commit, r.date);
-    s += fmt::format("ceilings measured in this run: copy {:.0f} GB/s (read + write), dense BF16 GEMM {:.0f} TFLOP/s\n",
-                     r.copy_gbps, r.bf16_tflops);
-    s += fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7} {:>11} {:>8}\n", "tokens", "active",
-                     "time us", "min us", "max us", "GB/s", "TFLOP/s", "floor us", "%floor", "bf16 us", "speedup");
+    s += fmt::format("fp4moe bench: {} ({}), {} on {} (sm_{}), commit {}, {}\n", r.shape_name,
+                     r.desc.to_string(), r.backend, r.device, r.sm, r.commit, r.date);
+    s += fmt::format(
+        "ceilings measured in this run: copy {:.0f} GB/s (read + write), dense BF16 GEMM {:.0f} TFLOP/s\n",
+        r.copy_gbps, r.bf16_tflops);
+    s += fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7} {:>11} {:>8}\n", "tokens",
+                     "active", "time us", "min us", "max us", "GB/s", "TFLOP/s", "floor us", "%floor",
+                     "bf16 us", "speedup");
     for (const auto& row : r.rows) {
       const double t = row.fp4moe.median_us;
-      s += fmt::format("{:>6} {:>7.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>8.1f} {:>10.1f} {:>6.0f}% {:>11} {:>8}\n",
-                       row.tokens, row.active_experts, t, row.fp4moe.min_us, row.fp4moe.max_us, row.bytes / t * 1e-3,
-                       row.flops / t * 1e-6, row.floor_us, 100.0 * row.floor_us / t,
-                       row.baseline.measured() ? fmt::format("{:.1f}", row.baseline.median_us) : "-",
-                       row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
+      s += fmt::format(
+          "{:>6} {:>7.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>8.1f} {:>10.1f} {:>6.0f}% {:>11} {:>8}\n",
+          row.tokens, row.active_experts, t, row.fp4moe.min_us, row.fp4moe.max_us, row.bytes / t * 1e-3,
+          row.flops / t * 1e-6, row.floor_us, 100.0 * row.floor_us / t,
+          row.baseline.measured() ? fmt::format("{:.1f}", row.baseline.median_us) : "-",
+          row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
     }
     if (!r.baseline_name.empty()) s += fmt::format("baseline: {}\n", r.baseline_name);
   } else {
-    s += fmt::format("fp4moe bench: no GPU ({}): running the CPU reference backend on a smaller shape ({})\n", r.note,
-                     r.desc.to_string());
-    s += fmt::format("{:>6} {:>7} {:>12} {:>12} {:>12} {:>9}\n", "tokens", "active", "time us", "min us", "max us",
-                     "GFLOP/s");
+    s += fmt::format("fp4moe bench: no GPU ({}): running the CPU reference backend on a smaller shape ({})\n",
+                     r.note, r.desc.to_string());
+    s += fmt::format("{:>6} {:>7} {:>12} {:>12} {:>12} {:>9}\n", "tokens", "active", "time us", "min us",
+                     "max us", "GFLOP/s");
     for (const auto& row : r.rows) {
-      s += fmt::format("{:>6} {:>7.0f} {:>12.0f} {:>12.0f} {:>12.0f} {:>9.2f}\n", row.tokens, row.active_experts,
-                       row.fp4moe.median_us, row.fp4moe.min_us, row.fp4moe.max_us,
+      s += fmt::format("{:>6} {:>7.0f} {:>12.0f} {:>12.0f} {:>12.0f} {:>9.2f}\n", row.tokens,
+                       row.active_experts, row.fp4moe.median_us, row.fp4moe.min_us, row.fp4moe.max_us,
                        row.flops / row.fp4moe.median_us * 1e-3);
     }
   }
@@ -147,15 +152,13 @@ nlohmann::json to_json(const BenchReport& r) {
   j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
   j["baseline"] = r.baseline_name;
   auto stats_json = [](const TimeStats& s) {
-    return nlohmann::json{{"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}, {"runs", s.runs}};
+    return nlohmann::json{
+        {"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}, {"runs", s.runs}};
   };
   for (const auto& row : r.rows) {
-    nlohmann::json x{{"tokens", row.tokens},
-                     {"active_experts", row.active_experts},
-                     {"bytes", row.bytes},
-                     {"flops", row.flops},
-                     {"floor_us", row.floor_us},
-                     {"fp4moe", stats_json(row.fp4moe)},
+    nlohmann::json x{{"tokens", row.tokens},     {"active_experts", row.active_experts},
+                     {"bytes", row.bytes},       {"flops", row.flops},
+                     {"floor_us", row.floor_us}, {"fp4moe", stats_json(row.fp4moe)},
                      {"plan", row.plan}};
     if (row.fp4moe.measured() && row.floor_us > 0.0) {
       x["fraction_of_floor"] = row.floor_us / row.fp4moe.median_us;

@@ -20,14 +20,14 @@ namespace fp4moe::bench {
 
 struct BenchOptions {
   LayerDesc desc;
-  std::string shape_name;          // preset name or "custom"
+  std::string shape_name;  // preset name or "custom"
   std::vector<std::int64_t> tokens;
   int iterations = 50;
   int warmup = 5;
-  int input_sets = 4;              // rotated so caches do not flatter small problems
-  bool baseline = true;            // time the BF16 cuBLAS layer beside fp4moe
+  int input_sets = 4;    // rotated so caches do not flatter small problems
+  bool baseline = true;  // time the BF16 cuBLAS layer beside fp4moe
   std::uint64_t seed = 1;
-  bool cpu = false;                // force the CPU reference backend
+  bool cpu = false;  // force the CPU reference backend
 };
 
 struct TimeStats {

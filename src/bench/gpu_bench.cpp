@@ -29,13 +29,13 @@ namespace fp4moe::bench {
 
 namespace {
 
-#define FP4MOE_CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                            \
-    const cublasStatus_t st_ = (expr);                                                            \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+#define FP4MOE_CUBLAS_CHECK(expr)                                                                      \
+  do {                                                                                                 \
+    const cublasStatus_t st_ = (expr);                                                                 \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                \
       ::fp4moe::fail(::fp4moe::Errc::kCuda, "{} failed: {} at {}:{}", #expr, cublasGetStatusName(st_), \
-                     __FILE__, __LINE__);                                                         \
-    }                                                                                             \
+                     __FILE__, __LINE__);                                                              \
+    }                                                                                                  \
   } while (0)
 
 template <typename T>
@@ -46,7 +46,10 @@ class Buf {
     if (n > 0) FP4MOE_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
   }
   ~Buf() { cudaFree(p_); }
-  Buf(Buf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  Buf(Buf&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   Buf& operator=(Buf&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
@@ -93,7 +96,10 @@ class Graph {
     if (exec_) cudaGraphExecDestroy(exec_);
     if (graph_) cudaGraphDestroy(graph_);
   }
-  Graph(Graph&& o) noexcept : graph_(o.graph_), exec_(o.exec_) { o.graph_ = nullptr; o.exec_ = nullptr; }
+  Graph(Graph&& o) noexcept : graph_(o.graph_), exec_(o.exec_) {
+    o.graph_ = nullptr;
+    o.exec_ = nullptr;
+  }
   Graph(const Graph&) = delete;
   template <typename F>
   void capture(cudaStream_t s, F f) {
@@ -124,7 +130,8 @@ double measure_copy_gbps(cudaStream_t s) {
   Buf<std::uint8_t> a(bytes), b(bytes);
   FP4MOE_CUDA_CHECK(cudaMemsetAsync(a.get(), 1, bytes, s));
   Events ev;
-  for (int i = 0; i < 3; ++i) FP4MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
+  for (int i = 0; i < 3; ++i)
+    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
   std::vector<double> us;
   for (int i = 0; i < 20; ++i) {
     us.push_back(ev.time(s, [&] {
@@ -142,9 +149,9 @@ double measure_bf16_tflops(cublasHandle_t h, cudaStream_t s) {
   FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(b.get(), static_cast<std::int64_t>(elems), 12, 1.0f, s));
   const float alpha = 1.0f, beta = 0.0f;
   auto gemm = [&] {
-    FP4MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.get(), CUDA_R_16BF, n, b.get(),
-                                     CUDA_R_16BF, n, &beta, c.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT));
+    FP4MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.get(), CUDA_R_16BF, n,
+                                     b.get(), CUDA_R_16BF, n, &beta, c.get(), CUDA_R_16BF, n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
   Events ev;
   for (int i = 0; i < 3; ++i) gemm();
@@ -200,18 +207,21 @@ class Bf16Layer {
   ~Bf16Layer() { cublasDestroy(handle_); }
 
   static std::int64_t weight_bytes(const LayerDesc& d) {
-    const std::int64_t pieces = d.shared_intermediate > 0 ? (d.shared_intermediate + d.intermediate - 1) / d.intermediate : 0;
+    const std::int64_t pieces =
+        d.shared_intermediate > 0 ? (d.shared_intermediate + d.intermediate - 1) / d.intermediate : 0;
     return (d.experts + pieces) * 3 * d.hidden * d.intermediate * 2;
   }
 
   // Routes once (synchronously) to learn the per-expert counts, then captures the forward.
-  Graph capture(const std::uint16_t* x, const float* logits, std::uint16_t* out, std::int64_t tokens, cudaStream_t s) {
+  Graph capture(const std::uint16_t* x, const float* logits, std::uint16_t* out, std::int64_t tokens,
+                cudaStream_t s) {
     const int T = static_cast<int>(tokens);
     kernels::RouteArgs ra = route_args(logits, T);
     kernels::GroupArgs ga = group_args(T);
     route(ra, ga, T, s);
     std::vector<std::int32_t> offsets(static_cast<std::size_t>(ne_ + 1));
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), ga.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost, s));
+    FP4MOE_CUDA_CHECK(
+        cudaMemcpyAsync(offsets.data(), ga.offsets, offsets.size() * 4, cudaMemcpyDeviceToHost, s));
     FP4MOE_CUDA_CHECK(cudaStreamSynchronize(s));
     FP4MOE_CUBLAS_CHECK(cublasSetStream(handle_, s));
     Graph g;
@@ -219,7 +229,8 @@ class Bf16Layer {
       route(ra, ga, T, s);
       const int slots = offsets[static_cast<std::size_t>(ne_)];
       const std::int64_t H = d_.hidden, I = d_.intermediate;
-      FP4MOE_CUDA_CHECK(kernels::launch_gather_rows(x, slot_token_.get(), slots, static_cast<int>(H), xp_.get(), s));
+      FP4MOE_CUDA_CHECK(
+          kernels::launch_gather_rows(x, slot_token_.get(), slots, static_cast<int>(H), xp_.get(), s));
       const float one = 1.0f, zero = 0.0f;
       for (int e = 0; e < ne_; ++e) {
         const int m = offsets[static_cast<std::size_t>(e + 1)] - offsets[static_cast<std::size_t>(e)];
@@ -227,9 +238,9 @@ class Bf16Layer {
         const std::int64_t s0 = offsets[static_cast<std::size_t>(e)];
         FP4MOE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(2 * I), m,
                                          static_cast<int>(H), &one, w1_.get() + e * 2 * I * H, CUDA_R_16BF,
-                                         static_cast<int>(H), xp_.get() + s0 * H, CUDA_R_16BF, static_cast<int>(H),
-                                         &zero, y1_.get() + s0 * 2 * I, CUDA_R_32F, static_cast<int>(2 * I),
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                         static_cast<int>(H), xp_.get() + s0 * H, CUDA_R_16BF,
+                                         static_cast<int>(H), &zero, y1_.get() + s0 * 2 * I, CUDA_R_32F,
+                                         static_cast<int>(2 * I), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
       kernels::ActArgs aa;
       aa.gate_up = y1_.get();
@@ -246,9 +257,9 @@ class Bf16Layer {
         const std::int64_t s0 = offsets[static_cast<std::size_t>(e)];
         FP4MOE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), m,
                                          static_cast<int>(I), &one, w2_.get() + e * H * I, CUDA_R_16BF,
-                                         static_cast<int>(I), h_.get() + s0 * I, CUDA_R_16BF, static_cast<int>(I),
-                                         &zero, y2_.get() + s0 * H, CUDA_R_32F, static_cast<int>(H),
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                         static_cast<int>(I), h_.get() + s0 * I, CUDA_R_16BF,
+                                         static_cast<int>(I), &zero, y2_.get() + s0 * H, CUDA_R_32F,
+                                         static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
       kernels::FinalizeArgs fa;
       fa.y = y2_.get();
@@ -289,7 +300,7 @@ class Bf16Layer {
     ra.tokens = T;
     ra.experts = static_cast<int>(d_.experts);
     ra.top_k = static_cast<int>(d_.top_k);
-    ra.router = d_.router == RouterKind::kSoftmaxTopK       ? kernels::RouterId::kSoftmaxTopK
+    ra.router = d_.router == RouterKind::kSoftmaxTopK        ? kernels::RouterId::kSoftmaxTopK
                 : d_.router == RouterKind::kSigmoidGroupTopK ? kernels::RouterId::kSigmoidGroupTopK
                                                              : kernels::RouterId::kTopKSoftmax;
     ra.renormalize = d_.renormalize ? 1 : 0;
@@ -388,8 +399,9 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     if (need < 0.9 * static_cast<double>(free_b)) {
       progress("uploading BF16 weights for the cuBLAS baseline");
       bf16 = std::make_unique<Bf16Layer>(w, max_t, s);
-      r.baseline_name = "BF16 layer: fp4moe routing + cublasGemmEx per active expert (TN, fp32 out) + SwiGLU + "
-                        "finalize, CUDA graph";
+      r.baseline_name =
+          "BF16 layer: fp4moe routing + cublasGemmEx per active expert (TN, fp32 out) + SwiGLU + "
+          "finalize, CUDA graph";
     } else {
       r.baseline_name = fmt::format("skipped: BF16 weights need {:.1f} GB, {:.1f} GB free", need * 1e-9,
                                     static_cast<double>(free_b) * 1e-9);
@@ -410,8 +422,8 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       xs.emplace_back(static_cast<std::size_t>(T * d.hidden));
       outs.emplace_back(static_cast<std::size_t>(T * d.hidden));
       logits.emplace_back(static_cast<std::size_t>(T * d.experts));
-      FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(xs.back().get(), T * d.hidden,
-                                                         options.seed * 1000 + static_cast<std::uint64_t>(i), 1.0f, s));
+      FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(
+          xs.back().get(), T * d.hidden, options.seed * 1000 + static_cast<std::uint64_t>(i), 1.0f, s));
       std::mt19937_64 rng(options.seed * 7 + static_cast<std::uint64_t>(T * 31 + i));
       std::normal_distribution<float> dist(0.0f, 2.0f);
       std::vector<float> hl(static_cast<std::size_t>(T * d.experts));
@@ -430,9 +442,11 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     row.tokens = T;
     row.active_experts = active_sum / sets;
     row.bytes = row.active_experts * weight_bytes_per_expert + shared_bytes +
-                static_cast<double>(T) * static_cast<double>(d.hidden) * 4.0 + static_cast<double>(T * d.experts) * 4.0;
+                static_cast<double>(T) * static_cast<double>(d.hidden) * 4.0 +
+                static_cast<double>(T * d.experts) * 4.0;
     row.flops = 2.0 * static_cast<double>(T) *
-                (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate + 3.0 * d.hidden * d.shared_intermediate);
+                (static_cast<double>(d.top_k) * 3.0 * d.hidden * d.intermediate +
+                 3.0 * d.hidden * d.shared_intermediate);
     row.floor_us = std::max(row.bytes / (r.copy_gbps * 1e3), row.flops / (r.bf16_tflops * 1e6));
     row.plan = layer.plan_summary(T);
 
@@ -441,14 +455,16 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       graphs.emplace_back();
       graphs.back().capture(s, [&] {
         layer.forward(s, reinterpret_cast<const Bf16*>(xs[static_cast<std::size_t>(i)].get()),
-                      logits[static_cast<std::size_t>(i)].get(), reinterpret_cast<Bf16*>(outs[static_cast<std::size_t>(i)].get()), T);
+                      logits[static_cast<std::size_t>(i)].get(),
+                      reinterpret_cast<Bf16*>(outs[static_cast<std::size_t>(i)].get()), T);
       });
     }
     row.fp4moe = time_graphs(graphs, s, options.warmup, options.iterations);
     if (bf16) {
       std::vector<Graph> bgraphs;
       for (int i = 0; i < sets; ++i) {
-        bgraphs.push_back(bf16->capture(xs[static_cast<std::size_t>(i)].get(), logits[static_cast<std::size_t>(i)].get(),
+        bgraphs.push_back(bf16->capture(xs[static_cast<std::size_t>(i)].get(),
+                                        logits[static_cast<std::size_t>(i)].get(),
                                         outs[static_cast<std::size_t>(i)].get(), T, s));
       }
       row.baseline = time_graphs(bgraphs, s, options.warmup, options.iterations);

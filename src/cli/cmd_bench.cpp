@@ -24,7 +24,8 @@ std::vector<std::int64_t> parse_tokens(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    require(used == item.size() && v >= 1, "--tokens: '{}' is not a positive integer (expected e.g. 1,16,256)", item);
+    require(used == item.size() && v >= 1,
+            "--tokens: '{}' is not a positive integer (expected e.g. 1,16,256)", item);
     out.push_back(v);
   }
   require(!out.empty(), "--tokens: empty list");
@@ -34,7 +35,8 @@ std::vector<std::int64_t> parse_tokens(const std::string& s) {
 }  // namespace
 
 void register_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Time the layer against the hardware's limits and a BF16 cuBLAS layer");
+  auto* cmd =
+      app.add_subcommand("bench", "Time the layer against the hardware's limits and a BF16 cuBLAS layer");
   struct Opts {
     std::string shape = "glm5";
     std::string tokens;
@@ -46,9 +48,11 @@ void register_bench(CLI::App& app) {
     std::string json;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--shape", o->shape, "Layer preset: " + fmt::format("{}", fmt::join(layer_preset_names(), ", ")))
+  cmd->add_option("--shape", o->shape,
+                  "Layer preset: " + fmt::format("{}", fmt::join(layer_preset_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--tokens", o->tokens, "Comma-separated token counts (default 1,4,16,64,256,1024,4096,16384; CPU: 1,4,16,64)");
+  cmd->add_option("--tokens", o->tokens,
+                  "Comma-separated token counts (default 1,4,16,64,256,1024,4096,16384; CPU: 1,4,16,64)");
   cmd->add_option("--hidden", o->hidden, "Override the preset's hidden size");
   cmd->add_option("--intermediate", o->intermediate, "Override the preset's expert intermediate size");
   cmd->add_option("--experts", o->experts, "Override the preset's number of routed experts");
@@ -56,7 +60,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--shared", o->shared, "Override the shared expert's intermediate size (0: none)");
   cmd->add_option("--router", o->router, "Override the router: softmax, sigmoid-group, topk-softmax");
   cmd->add_option("--format", o->format, "Override the weight format: nvfp4, mxfp4");
-  cmd->add_option("--iterations", o->iterations, "Timed runs per token count (median, min, max)")->capture_default_str();
+  cmd->add_option("--iterations", o->iterations, "Timed runs per token count (median, min, max)")
+      ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per input set")->capture_default_str();
   cmd->add_option("--sets", o->sets, "Input sets rotated between runs")->capture_default_str();
   cmd->add_flag("--no-baseline", o->no_baseline, "Skip the BF16 cuBLAS layer");

@@ -9,9 +9,15 @@
 
 namespace fp4moe {
 
-std::string version() { return build_info::kVersion; }
-std::string build_commit() { return build_info::kCommit; }
-std::string cuda_architectures() { return build_info::kWithCuda ? build_info::kCudaArchitectures : ""; }
+std::string version() {
+  return build_info::kVersion;
+}
+std::string build_commit() {
+  return build_info::kCommit;
+}
+std::string cuda_architectures() {
+  return build_info::kWithCuda ? build_info::kCudaArchitectures : "";
+}
 
 std::string cuda_runtime_version() {
 #if FP4MOE_WITH_CUDA

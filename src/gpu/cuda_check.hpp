@@ -14,14 +14,14 @@ namespace fp4moe::gpu {
   int device = -1;
   cudaGetDevice(&device);
   cudaGetLastError();
-  throw Error(Errc::kCuda, fmt::format("{} failed: {} ({}) on device {} at {}:{}", what, cudaGetErrorName(err),
-                                       cudaGetErrorString(err), device, file, line));
+  throw Error(Errc::kCuda, fmt::format("{} failed: {} ({}) on device {} at {}:{}", what,
+                                       cudaGetErrorName(err), cudaGetErrorString(err), device, file, line));
 }
 
 }  // namespace fp4moe::gpu
 
-#define FP4MOE_CUDA_CHECK(expr)                                                          \
-  do {                                                                                   \
-    const cudaError_t fp4moe_err_ = (expr);                                              \
+#define FP4MOE_CUDA_CHECK(expr)                                                                        \
+  do {                                                                                                 \
+    const cudaError_t fp4moe_err_ = (expr);                                                            \
     if (fp4moe_err_ != cudaSuccess) ::fp4moe::gpu::throw_cuda(fp4moe_err_, #expr, __FILE__, __LINE__); \
   } while (0)

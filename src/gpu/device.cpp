@@ -8,7 +8,9 @@
 
 namespace fp4moe {
 
-bool built_with_cuda() noexcept { return FP4MOE_WITH_CUDA != 0; }
+bool built_with_cuda() noexcept {
+  return FP4MOE_WITH_CUDA != 0;
+}
 
 std::vector<GpuInfo> list_gpus(std::string* why_none) {
   std::vector<GpuInfo> gpus;
@@ -16,7 +18,8 @@ std::vector<GpuInfo> list_gpus(std::string* why_none) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (why_none) *why_none = fmt::format("no CUDA device: {} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+    if (why_none)
+      *why_none = fmt::format("no CUDA device: {} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
     cudaGetLastError();  // clear the sticky error so later calls start clean
     return gpus;
   }

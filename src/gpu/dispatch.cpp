@@ -37,7 +37,8 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   const std::int64_t chunks = kernels::WeightLayout::chunks(k);
   // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
   // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue).
-  const double items = active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
+  const double items =
+      active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
   const double resident_warps = static_cast<double>(limits.sm_count) * 16.0;
   int k_split = 1;
   double best = 0.0;
@@ -84,7 +85,8 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.k_split = 1;
     c.n_tiles = per_expert >= 96.0 ? 16 : 8;
     c.stages = 4;
-    while (c.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
+    while (c.stages > 3 &&
+           kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
       --c.stages;
     }
     return c;
@@ -106,23 +108,34 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
   return c;
 }
 
-StreamGemmConfig stream_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}; }
-kernels::TileGemmConfig tile_config(const GemmChoice& c) { return {c.m_tiles, c.n_tiles, c.warps, c.stages}; }
-kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c) { return {c.n_tiles, c.stages}; }
+StreamGemmConfig stream_config(const GemmChoice& c) {
+  return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split};
+}
+kernels::TileGemmConfig tile_config(const GemmChoice& c) {
+  return {c.m_tiles, c.n_tiles, c.warps, c.stages};
+}
+kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c) {
+  return {c.n_tiles, c.stages};
+}
 
 std::int64_t smem_bytes(const GemmChoice& c) {
   switch (c.kernel) {
-    case GemmKernel::kTile: return kernels::TileGemmLayout::cta_bytes(tile_config(c));
-    case GemmKernel::kWgmma: return kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c));
-    case GemmKernel::kStream: break;
+    case GemmKernel::kTile:
+      return kernels::TileGemmLayout::cta_bytes(tile_config(c));
+    case GemmKernel::kWgmma:
+      return kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c));
+    case GemmKernel::kStream:
+      break;
   }
   return StreamGemmLayout::cta_bytes(stream_config(c));
 }
 
 std::string to_string(const StreamGemmConfig& c) {
-  return fmt::format("stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
-                     "{} B smem", c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages,
-                     c.warps, StreamGemmLayout::cta_bytes(c));
+  return fmt::format(
+      "stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
+      "{} B smem",
+      c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages, c.warps,
+      StreamGemmLayout::cta_bytes(c));
 }
 
 }  // namespace fp4moe::gpu
@@ -132,11 +145,11 @@ namespace fp4moe {
 std::string GemmChoice::to_string() const {
   if (kernel == GemmKernel::kStream) return gpu::to_string(gpu::stream_config(*this));
   if (kernel == GemmKernel::kWgmma) {
-    return fmt::format("wgmma n{} (256 rows x {} tokens per CTA, two warpgroups), {} stages, {} B smem", n_tiles,
-                       token_block(), stages, gpu::smem_bytes(*this));
+    return fmt::format("wgmma n{} (256 rows x {} tokens per CTA, two warpgroups), {} stages, {} B smem",
+                       n_tiles, token_block(), stages, gpu::smem_bytes(*this));
   }
-  return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles, n_tiles,
-                     rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));
+  return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles,
+                     n_tiles, rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));
 }
 
 }  // namespace fp4moe

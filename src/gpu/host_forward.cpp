@@ -30,14 +30,16 @@ struct DeviceBytes {
 
 }  // namespace
 
-ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x, std::span<const float> router_logits,
-                            std::int64_t tokens, const MoeLayerOptions& options) {
+ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x,
+                            std::span<const float> router_logits, std::int64_t tokens,
+                            const MoeLayerOptions& options) {
   const LayerDesc& d = weights.desc;
   require(tokens >= 0, "tokens = {} must not be negative", tokens);
-  require(static_cast<std::int64_t>(x.size()) == tokens * d.hidden, "x has {} values, expected tokens * hidden = {}",
-          x.size(), tokens * d.hidden);
+  require(static_cast<std::int64_t>(x.size()) == tokens * d.hidden,
+          "x has {} values, expected tokens * hidden = {}", x.size(), tokens * d.hidden);
   require(static_cast<std::int64_t>(router_logits.size()) == tokens * d.experts,
-          "router_logits has {} values, expected tokens * experts = {}", router_logits.size(), tokens * d.experts);
+          "router_logits has {} values, expected tokens * experts = {}", router_logits.size(),
+          tokens * d.experts);
   ReferenceResult r;
   r.routing.tokens = tokens;
   r.routing.top_k = d.top_k;
@@ -46,18 +48,23 @@ ReferenceResult gpu_forward(const LayerWeights& weights, std::span<const Bf16> x
   o.max_tokens = std::max(o.max_tokens, tokens);
   const MoeLayer layer(weights, o);
   DeviceBytes dx(x.size_bytes()), dl(router_logits.size_bytes()), dout(x.size_bytes());
-  DeviceBytes dids(static_cast<std::size_t>(tokens * d.top_k) * 4), dw(static_cast<std::size_t>(tokens * d.top_k) * 4);
+  DeviceBytes dids(static_cast<std::size_t>(tokens * d.top_k) * 4),
+      dw(static_cast<std::size_t>(tokens * d.top_k) * 4);
   FP4MOE_CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
-  FP4MOE_CUDA_CHECK(cudaMemcpy(dl.p, router_logits.data(), router_logits.size_bytes(), cudaMemcpyHostToDevice));
-  layer.forward(nullptr, static_cast<const Bf16*>(dx.p), static_cast<const float*>(dl.p), static_cast<Bf16*>(dout.p),
-                tokens, {static_cast<std::int32_t*>(dids.p), static_cast<float*>(dw.p)});
+  FP4MOE_CUDA_CHECK(
+      cudaMemcpy(dl.p, router_logits.data(), router_logits.size_bytes(), cudaMemcpyHostToDevice));
+  layer.forward(nullptr, static_cast<const Bf16*>(dx.p), static_cast<const float*>(dl.p),
+                static_cast<Bf16*>(dout.p), tokens,
+                {static_cast<std::int32_t*>(dids.p), static_cast<float*>(dw.p)});
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
   r.out.resize(x.size());
   r.routing.ids.resize(static_cast<std::size_t>(tokens * d.top_k));
   r.routing.weights.resize(r.routing.ids.size());
   FP4MOE_CUDA_CHECK(cudaMemcpy(r.out.data(), dout.p, x.size_bytes(), cudaMemcpyDeviceToHost));
-  FP4MOE_CUDA_CHECK(cudaMemcpy(r.routing.ids.data(), dids.p, r.routing.ids.size() * 4, cudaMemcpyDeviceToHost));
-  FP4MOE_CUDA_CHECK(cudaMemcpy(r.routing.weights.data(), dw.p, r.routing.weights.size() * 4, cudaMemcpyDeviceToHost));
+  FP4MOE_CUDA_CHECK(
+      cudaMemcpy(r.routing.ids.data(), dids.p, r.routing.ids.size() * 4, cudaMemcpyDeviceToHost));
+  FP4MOE_CUDA_CHECK(
+      cudaMemcpy(r.routing.weights.data(), dw.p, r.routing.weights.size() * 4, cudaMemcpyDeviceToHost));
   return r;
 }
 

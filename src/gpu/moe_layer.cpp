@@ -52,7 +52,10 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
@@ -61,7 +64,9 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   std::size_t bytes() const { return bytes_; }
   void upload(const void* src, std::size_t bytes) {
     if (bytes > 0) FP4MOE_CUDA_CHECK(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice));
@@ -75,7 +80,8 @@ class DeviceBuffer {
 // Runs f(i) for i in [0, n) on all cores.
 template <typename F>
 void parallel_for(std::int64_t n, F f) {
-  const std::int64_t workers = std::max<std::int64_t>(1, std::min<std::int64_t>(n, std::thread::hardware_concurrency()));
+  const std::int64_t workers =
+      std::max<std::int64_t>(1, std::min<std::int64_t>(n, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
   for (std::int64_t w = 0; w < workers; ++w) {
@@ -93,9 +99,13 @@ void parallel_for(std::int64_t n, F f) {
   }
 }
 
-std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+std::size_t align_up(std::size_t v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
 
-GemmKind gemm_kind(gpu::Gemm which) { return which == gpu::Gemm::kGateUp ? GemmKind::kGateUp : GemmKind::kDown; }
+GemmKind gemm_kind(gpu::Gemm which) {
+  return which == gpu::Gemm::kGateUp ? GemmKind::kGateUp : GemmKind::kDown;
+}
 
 }  // namespace
 
@@ -105,11 +115,11 @@ struct MoeLayer::Impl {
   int device = 0;
   int sm = 0;
   gpu::DeviceLimits limits;
-  ArchInfo arch;              // the device's figures: what the planner judges configurations on
-  KernelResources measured;   // registers of every compiled GEMM instance this layer may launch
+  ArchInfo arch;             // the device's figures: what the planner judges configurations on
+  KernelResources measured;  // registers of every compiled GEMM instance this layer may launch
   std::optional<TuneCache> tuned;
   std::string tune_path;
-  int pieces = 0;   // shared-expert pieces (pseudo-experts E .. E+P-1)
+  int pieces = 0;  // shared-expert pieces (pseudo-experts E .. E+P-1)
   int experts_total = 0;
   std::int64_t stride1 = 0, stride2 = 0;
   DeviceBuffer w1, w2, ps1, ps2, bias1, bias2, correction_bias;
@@ -119,7 +129,8 @@ struct MoeLayer::Impl {
   DeviceBuffer workspace;
   std::int32_t* topk_ids = nullptr;
   float* topk_weights = nullptr;
-  std::int32_t *counts = nullptr, *cursors = nullptr, *offsets = nullptr, *active = nullptr, *n_active = nullptr;
+  std::int32_t *counts = nullptr, *cursors = nullptr, *offsets = nullptr, *active = nullptr,
+               *n_active = nullptr;
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
@@ -144,8 +155,9 @@ struct MoeLayer::Impl {
     const auto& forced = which == gpu::Gemm::kGateUp ? options.gemm1 : options.gemm2;
     std::optional<GemmPreference> preference;
     if (forced) {
-      preference = GemmPreference{*forced, PickSource::kForced,
-                                  which == gpu::Gemm::kGateUp ? "MoeLayerOptions::gemm1" : "MoeLayerOptions::gemm2"};
+      preference =
+          GemmPreference{*forced, PickSource::kForced,
+                         which == gpu::Gemm::kGateUp ? "MoeLayerOptions::gemm1" : "MoeLayerOptions::gemm2"};
     } else if (tuned) {
       preference = tuned_preference(*tuned, tune_path, desc, tokens, gemm_kind(which));
     }
@@ -179,12 +191,14 @@ struct MoeLayer::Impl {
       for (const auto& shape : kernels::kStreamTileShapes) {
         // The smallest launch of the instance: registers do not depend on the launch parameters.
         FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup({shape[0], shape[1], 2, 1, 1}, epi, &attr));
-        measured.kernels.push_back({planner::stream_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
+        measured.kernels.push_back(
+            {planner::stream_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
       }
       for (const auto& shape : kernels::kTileShapes) {
         FP4MOE_CUDA_CHECK(
             kernels::tile_gemm_setup({shape[0], shape[1], kernels::TileGemmLayout::kWarps, 2}, epi, &attr));
-        measured.kernels.push_back({planner::tile_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
+        measured.kernels.push_back(
+            {planner::tile_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
       }
       if (!limits.wgmma) continue;  // not on this device or not in this build: the planner refuses it
       for (const int n_tiles : kernels::kWgmmaTileNs) {
@@ -199,7 +213,8 @@ struct MoeLayer::Impl {
     tune_path = tune_cache_path(options.tune_cache_path);
     if (tune_path.empty()) return;
     const auto gpus = list_gpus();
-    TuneCacheLoad load = load_tune_cache(tune_path, tune_metadata_of(gpus.at(static_cast<std::size_t>(device))));
+    TuneCacheLoad load =
+        load_tune_cache(tune_path, tune_metadata_of(gpus.at(static_cast<std::size_t>(device))));
     if (!load.message.empty()) {
       if (options.log) {
         options.log(load.message);
@@ -213,22 +228,30 @@ struct MoeLayer::Impl {
   // Persistent grid: every SM filled with as many CTAs as fit (the occupancy of this config).
   // Only configurations the planner accepted get here.
   int grid(const GemmChoice& c, kernels::StreamEpilogue epi) const {
-    const auto key = std::make_tuple(static_cast<int>(c.kernel), c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split,
-                                     static_cast<int>(epi));
+    const auto key = std::make_tuple(static_cast<int>(c.kernel), c.m_tiles, c.n_tiles, c.stages, c.warps,
+                                     c.k_split, static_cast<int>(epi));
     std::lock_guard<std::mutex> lock(mu);
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
     kernels::KernelAttributes attr;
     cudaError_t err = cudaSuccess;
     switch (c.kernel) {
-      case GemmKernel::kTile: err = kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr); break;
-      case GemmKernel::kWgmma: err = kernels::wgmma_gemm_setup(gpu::wgmma_config(c), epi, &attr); break;
-      case GemmKernel::kStream: err = kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr); break;
+      case GemmKernel::kTile:
+        err = kernels::tile_gemm_setup(gpu::tile_config(c), epi, &attr);
+        break;
+      case GemmKernel::kWgmma:
+        err = kernels::wgmma_gemm_setup(gpu::wgmma_config(c), epi, &attr);
+        break;
+      case GemmKernel::kStream:
+        err = kernels::stream_gemm_setup(gpu::stream_config(c), epi, &attr);
+        break;
     }
     // The planner refuses both cases before a config gets here; a driver that disagrees is a bug.
     if (err == cudaErrorNotSupported) {
-      fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but needs sm_90 (wgmma) and a build with the "
-           "sm_90a image", c.to_string());
+      fail(Errc::kInternal,
+           "GEMM config {} was accepted by the planner, but needs sm_90 (wgmma) and a build with the "
+           "sm_90a image",
+           c.to_string());
     }
     if (err == cudaErrorInvalidValue) {
       fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but is not compiled into this build",
@@ -236,8 +259,10 @@ struct MoeLayer::Impl {
     }
     FP4MOE_CUDA_CHECK(err);
     if (attr.max_blocks_per_sm < 1) {
-      fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but the driver fits no block of it on an SM "
-           "({} registers per thread)", c.to_string(), attr.registers);
+      fail(Errc::kInternal,
+           "GEMM config {} was accepted by the planner, but the driver fits no block of it on an SM "
+           "({} registers per thread)",
+           c.to_string(), attr.registers);
     }
     const int g = attr.max_blocks_per_sm * limits.sm_count;
     grid_cache.emplace(key, g);
@@ -277,22 +302,25 @@ struct MoeLayer::Impl {
   void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
   // h_permuted: the first GEMM stores h in mma-k order for a wgmma second GEMM).
-  kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x, bool h_permuted) const;
+  kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
+                                    bool h_permuted) const;
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
            Bf16* out, std::int64_t tokens, RoutingOutput routing) const;
 };
 
-MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) : impl_(std::make_unique<Impl>()) {
+MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   weights.validate();
   m.desc = weights.desc;
   m.options = options;
   const LayerDesc& d = m.desc;
   require(options.max_tokens >= 1, "max_tokens = {} must be at least 1", options.max_tokens);
-  require(d.experts <= kernels::kMaxRoutedExperts, "experts = {}: the GPU router handles at most {}", d.experts,
-          kernels::kMaxRoutedExperts);
-  require(d.top_k <= kernels::kMaxTopK, "top_k = {}: the GPU router handles at most {}", d.top_k, kernels::kMaxTopK);
+  require(d.experts <= kernels::kMaxRoutedExperts, "experts = {}: the GPU router handles at most {}",
+          d.experts, kernels::kMaxRoutedExperts);
+  require(d.top_k <= kernels::kMaxTopK, "top_k = {}: the GPU router handles at most {}", d.top_k,
+          kernels::kMaxTopK);
   require(d.router != RouterKind::kSigmoidGroupTopK || d.n_group <= kernels::kMaxGroups,
           "n_group = {}: the GPU router handles at most {} groups", d.n_group, kernels::kMaxGroups);
 
@@ -305,7 +333,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   FP4MOE_CUDA_CHECK(cudaSetDevice(dev));
   const GpuInfo& gi = gpus[static_cast<std::size_t>(dev)];
   if (gi.sm() < 80) {
-    fail(Errc::kUnsupported, "{} is sm_{}; fp4moe's kernels need sm_80 or newer (bf16 mma.sync)", gi.name, gi.sm());
+    fail(Errc::kUnsupported, "{} is sm_{}; fp4moe's kernels need sm_80 or newer (bf16 mma.sync)", gi.name,
+         gi.sm());
   }
   m.device = dev;
   m.sm = gi.sm();
@@ -323,8 +352,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   const std::int64_t H = d.hidden, I = d.intermediate, E = d.experts;
   m.pieces = d.shared_intermediate > 0 ? static_cast<int>((d.shared_intermediate + I - 1) / I) : 0;
   m.experts_total = static_cast<int>(E) + m.pieces;
-  require(m.experts_total <= kernels::kMaxTotalExperts, "experts + shared pieces = {} exceeds {}", m.experts_total,
-          kernels::kMaxTotalExperts);
+  require(m.experts_total <= kernels::kMaxTotalExperts, "experts + shared pieces = {} exceeds {}",
+          m.experts_total, kernels::kMaxTotalExperts);
 
   // Per (pseudo-)expert matrices: routed experts, then the shared expert cut into pieces of I.
   struct Mats {
@@ -354,7 +383,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   parallel_for(ne, [&](std::int64_t e) {
     const Mats& mm = mats[static_cast<std::size_t>(e)];
     const gpu::GateUpScales s = gpu::repack_gate_up(
-        *mm.gate, *mm.up, std::span<std::uint8_t>(host1.data() + e * m.stride1, static_cast<std::size_t>(m.stride1)));
+        *mm.gate, *mm.up,
+        std::span<std::uint8_t>(host1.data() + e * m.stride1, static_cast<std::size_t>(m.stride1)));
     ps1[static_cast<std::size_t>(2 * e)] = s.gate;
     ps1[static_cast<std::size_t>(2 * e + 1)] = s.up;
     const float s2 = gpu::repack_matrix(
@@ -371,14 +401,16 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   m.ps2.upload(ps2.data(), ps2.size() * sizeof(float));
 
   if (d.expert_bias) {
-    std::vector<float> b1(static_cast<std::size_t>(ne * 2 * I), 0.0f), b2(static_cast<std::size_t>(ne * H), 0.0f);
+    std::vector<float> b1(static_cast<std::size_t>(ne * 2 * I), 0.0f),
+        b2(static_cast<std::size_t>(ne * H), 0.0f);
     auto put = [&](std::int64_t e, const ExpertWeights& ex, std::int64_t j0, bool with_down) {
       for (std::int64_t j = 0; j < I && j0 + j < static_cast<std::int64_t>(ex.gate_bias.size()); ++j) {
         b1[static_cast<std::size_t>((e * 2 + 0) * I + j)] = ex.gate_bias[static_cast<std::size_t>(j0 + j)];
         b1[static_cast<std::size_t>((e * 2 + 1) * I + j)] = ex.up_bias[static_cast<std::size_t>(j0 + j)];
       }
       if (with_down) {
-        for (std::int64_t r = 0; r < H; ++r) b2[static_cast<std::size_t>(e * H + r)] = ex.down_bias[static_cast<std::size_t>(r)];
+        for (std::int64_t r = 0; r < H; ++r)
+          b2[static_cast<std::size_t>(e * H + r)] = ex.down_bias[static_cast<std::size_t>(r)];
       }
     };
     for (std::int64_t e = 0; e < E; ++e) put(e, weights.experts[static_cast<std::size_t>(e)], 0, true);
@@ -419,7 +451,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   // stays zero. x_perm (the k-permuted, slot-ordered copy of x) exists only where wgmma runs.
   const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * m.i_padded) * 2);
   const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 4);
-  const std::size_t o_x_perm = carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
+  const std::size_t o_x_perm =
+      carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
   m.workspace = DeviceBuffer(off);
   auto* base = m.workspace.as<std::uint8_t>();
   m.topk_ids = reinterpret_cast<std::int32_t*>(base + o_ids);
@@ -439,8 +472,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options) 
   FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
 }
 
-void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
-                                      int tb1, int tb2) const {
+void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
+                                     int tokens, int tb1, int tb2) const {
   const LayerDesc& d = desc;
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -448,7 +481,7 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ra.tokens = tokens;
   ra.experts = static_cast<int>(d.experts);
   ra.top_k = static_cast<int>(d.top_k);
-  ra.router = d.router == RouterKind::kSoftmaxTopK       ? kernels::RouterId::kSoftmaxTopK
+  ra.router = d.router == RouterKind::kSoftmaxTopK        ? kernels::RouterId::kSoftmaxTopK
               : d.router == RouterKind::kSigmoidGroupTopK ? kernels::RouterId::kSigmoidGroupTopK
                                                           : kernels::RouterId::kTopKSoftmax;
   ra.renormalize = d.renormalize ? 1 : 0;
@@ -491,10 +524,10 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
 }
 
 void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const {
-  FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(reinterpret_cast<const std::uint16_t*>(x), slot_token,
-                                                   offsets + experts_total, static_cast<int>(max_slots_for(tokens)),
-                                                   static_cast<int>(desc.hidden), static_cast<int>(h_padded), x_perm,
-                                                   stream));
+  FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(
+      reinterpret_cast<const std::uint16_t*>(x), slot_token, offsets + experts_total,
+      static_cast<int>(max_slots_for(tokens)), static_cast<int>(desc.hidden), static_cast<int>(h_padded),
+      x_perm, stream));
 }
 
 kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
@@ -551,8 +584,8 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
 void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
                          const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing) const {
   require(tokens >= 0 && tokens <= options.max_tokens,
-          "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)", tokens,
-          options.max_tokens);
+          "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)",
+          tokens, options.max_tokens);
   if (tokens == 0) return;
   auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
   require(x != nullptr && aligned(x), "x must be a 16-byte aligned device pointer");
@@ -591,18 +624,19 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
     FP4MOE_CUDA_CHECK(cudaMemcpyAsync(routing.ids, topk_ids, pick_bytes, cudaMemcpyDeviceToDevice, stream));
   }
   if (routing.weights != nullptr) {
-    FP4MOE_CUDA_CHECK(cudaMemcpyAsync(routing.weights, topk_weights, pick_bytes, cudaMemcpyDeviceToDevice, stream));
+    FP4MOE_CUDA_CHECK(
+        cudaMemcpyAsync(routing.weights, topk_weights, pick_bytes, cudaMemcpyDeviceToDevice, stream));
   }
 }
 
-void MoeLayer::forward(Stream stream, const Bf16* x, const float* router_logits, Bf16* out, std::int64_t tokens,
-                       RoutingOutput routing) const {
+void MoeLayer::forward(Stream stream, const Bf16* x, const float* router_logits, Bf16* out,
+                       std::int64_t tokens, RoutingOutput routing) const {
   require(tokens == 0 || router_logits != nullptr, "router_logits must be a device pointer");
   impl_->run(stream, x, router_logits, nullptr, nullptr, out, tokens, routing);
 }
 
-void MoeLayer::forward_routed(Stream stream, const Bf16* x, const std::int32_t* topk_ids, const float* topk_weights,
-                              Bf16* out, std::int64_t tokens) const {
+void MoeLayer::forward_routed(Stream stream, const Bf16* x, const std::int32_t* topk_ids,
+                              const float* topk_weights, Bf16* out, std::int64_t tokens) const {
   require(tokens == 0 || (topk_ids != nullptr && topk_weights != nullptr),
           "topk_ids and topk_weights must be device pointers");
   impl_->run(stream, x, nullptr, topk_ids, topk_weights, out, tokens, {});
@@ -611,17 +645,21 @@ void MoeLayer::forward_routed(Stream stream, const Bf16* x, const std::int32_t* 
 std::int64_t MoeLayer::weight_bytes() const {
   return static_cast<std::int64_t>(impl_->w1.bytes() + impl_->w2.bytes());
 }
-std::int64_t MoeLayer::workspace_bytes() const { return static_cast<std::int64_t>(impl_->workspace.bytes()); }
-int MoeLayer::device() const { return impl_->device; }
+std::int64_t MoeLayer::workspace_bytes() const {
+  return static_cast<std::int64_t>(impl_->workspace.bytes());
+}
+int MoeLayer::device() const {
+  return impl_->device;
+}
 
 std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const Impl& m = *impl_;
   const LayerGemmPick p1 = m.pick(tokens, gpu::Gemm::kGateUp);
   const LayerGemmPick p2 = m.pick(tokens, gpu::Gemm::kDown);
   const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
-  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}; down GEMM: {} [{}], grid {}; finalize", tokens,
-                     small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(), p1.why,
-                     m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), p2.choice.to_string(), p2.why,
+  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}; down GEMM: {} [{}], grid {}; finalize",
+                     tokens, small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(),
+                     p1.why, m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), p2.choice.to_string(), p2.why,
                      m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)));
 }
 
@@ -653,14 +691,18 @@ struct LayerTuning::Impl {
   }
 };
 
-const ArchInfo& LayerTuning::arch(const MoeLayer& layer) { return layer.impl_->arch; }
-const KernelResources& LayerTuning::resources(const MoeLayer& layer) { return layer.impl_->measured; }
+const ArchInfo& LayerTuning::arch(const MoeLayer& layer) {
+  return layer.impl_->arch;
+}
+const KernelResources& LayerTuning::resources(const MoeLayer& layer) {
+  return layer.impl_->measured;
+}
 
 LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64_t seed)
     : impl_(std::make_unique<Impl>()) {
   const MoeLayer::Impl& m = *layer.impl_;
-  require(tokens >= 1 && tokens <= m.options.max_tokens, "tuning at {} tokens: the layer takes 1..{} (max_tokens)",
-          tokens, m.options.max_tokens);
+  require(tokens >= 1 && tokens <= m.options.max_tokens,
+          "tuning at {} tokens: the layer takes 1..{} (max_tokens)", tokens, m.options.max_tokens);
   FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
   Impl& t = *impl_;
   t.layer = &layer;
@@ -670,7 +712,8 @@ LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64
   FP4MOE_CUDA_CHECK(cudaEventCreate(&t.stop));
   const std::int64_t x_values = tokens * m.desc.hidden;
   t.x = DeviceBuffer(static_cast<std::size_t>(x_values) * 2);
-  FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(t.x.as<std::uint16_t>(), x_values, seed, 1.0f, t.stream));
+  FP4MOE_CUDA_CHECK(
+      kernels::launch_fill_random_bf16(t.x.as<std::uint16_t>(), x_values, seed, 1.0f, t.stream));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, 2.0f);
   std::vector<float> host(static_cast<std::size_t>(tokens * m.desc.experts));
@@ -721,15 +764,25 @@ struct MoeLayer::Impl {
 };
 
 MoeLayer::MoeLayer(const LayerWeights&, const MoeLayerOptions&) {
-  fail(Errc::kUnsupported, "MoeLayer needs the CUDA kernels; this build has none (nvcc was not found when it was "
+  fail(Errc::kUnsupported,
+       "MoeLayer needs the CUDA kernels; this build has none (nvcc was not found when it was "
        "configured)");
 }
 void MoeLayer::forward(Stream, const Bf16*, const float*, Bf16*, std::int64_t, RoutingOutput) const {}
-void MoeLayer::forward_routed(Stream, const Bf16*, const std::int32_t*, const float*, Bf16*, std::int64_t) const {}
-std::int64_t MoeLayer::weight_bytes() const { return 0; }
-std::int64_t MoeLayer::workspace_bytes() const { return 0; }
-int MoeLayer::device() const { return -1; }
-std::string MoeLayer::plan_summary(std::int64_t) const { return "built without CUDA"; }
+void MoeLayer::forward_routed(Stream, const Bf16*, const std::int32_t*, const float*, Bf16*,
+                              std::int64_t) const {}
+std::int64_t MoeLayer::weight_bytes() const {
+  return 0;
+}
+std::int64_t MoeLayer::workspace_bytes() const {
+  return 0;
+}
+int MoeLayer::device() const {
+  return -1;
+}
+std::string MoeLayer::plan_summary(std::int64_t) const {
+  return "built without CUDA";
+}
 
 namespace gpu {
 
@@ -764,6 +817,8 @@ double gpu::GemmTiming::median() const {
 MoeLayer::~MoeLayer() = default;
 MoeLayer::MoeLayer(MoeLayer&&) noexcept = default;
 MoeLayer& MoeLayer::operator=(MoeLayer&&) noexcept = default;
-const LayerDesc& MoeLayer::desc() const { return impl_->desc; }
+const LayerDesc& MoeLayer::desc() const {
+  return impl_->desc;
+}
 
 }  // namespace fp4moe

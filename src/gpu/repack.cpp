@@ -32,12 +32,15 @@ struct ScaleEncoding {
   int transform = 0;
 };
 
-ScaleEncoding encode_e4m3_scale(std::uint8_t code, const QuantizedMatrix& m, std::int64_t r, std::int64_t block) {
+ScaleEncoding encode_e4m3_scale(std::uint8_t code, const QuantizedMatrix& m, std::int64_t r,
+                                std::int64_t block) {
   const int exp_field = (code >> 3) & 0xf;
   const int mant = code & 7;
   if (exp_field == 15 && mant == 7) {
-    fail(Errc::kInvalidArgument, "NVFP4 block scale at row {}, block {} is NaN (E4M3 code 0x{:02x}); a checkpoint "
-         "scale must be a number", r, block, code);
+    fail(Errc::kInvalidArgument,
+         "NVFP4 block scale at row {}, block {} is NaN (E4M3 code 0x{:02x}); a checkpoint "
+         "scale must be a number",
+         r, block, code);
   }
   (void)m;
   ScaleEncoding enc;
@@ -116,7 +119,8 @@ void fill_layout(std::int64_t device_rows, std::int64_t k, WeightFormat format, 
             const RowSource src = source(row);
             if (src.m == nullptr || k0 >= k) continue;
             const std::int64_t scale_col = k0 / block;
-            const std::uint8_t sc = src.m->scales[static_cast<std::size_t>(src.row * src.m->scale_cols() + scale_col)];
+            const std::uint8_t sc =
+                src.m->scales[static_cast<std::size_t>(src.row * src.m->scale_cols() + scale_col)];
             const ScaleEncoding enc = format == WeightFormat::kNvfp4
                                           ? encode_e4m3_scale(sc, *src.m, src.row, scale_col)
                                           : encode_ue8m0_scale(sc, src.scale_shift, src.row, scale_col);
@@ -132,7 +136,8 @@ void fill_layout(std::int64_t device_rows, std::int64_t k, WeightFormat format, 
               }
             }
           }
-          std::uint8_t* wdst = blk + tile * WeightLayout::kTileWeightBytes + lane * WeightLayout::kLaneWeightBytes;
+          std::uint8_t* wdst =
+              blk + tile * WeightLayout::kTileWeightBytes + lane * WeightLayout::kLaneWeightBytes;
           std::memcpy(wdst, words, sizeof(words));  // little-endian words, as the GPU loads them
           std::uint8_t* sdst = blk + WeightLayout::kBlockWeightBytes + tile * WeightLayout::kTileScaleBytes +
                                lane * WeightLayout::kLaneScaleBytes;
@@ -164,15 +169,17 @@ float repack_matrix(const QuantizedMatrix& w, std::span<std::uint8_t> out) {
   return post_scale_of(w, s_max);
 }
 
-GateUpScales repack_gate_up(const QuantizedMatrix& gate, const QuantizedMatrix& up, std::span<std::uint8_t> out) {
+GateUpScales repack_gate_up(const QuantizedMatrix& gate, const QuantizedMatrix& up,
+                            std::span<std::uint8_t> out) {
   check_matrix(gate, "gate");
   check_matrix(up, "up");
   if (gate.rows != up.rows || gate.cols != up.cols || gate.format != up.format) {
-    fail(Errc::kInvalidArgument, "gate [{}, {}] {} and up [{}, {}] {} must have the same shape and format", gate.rows,
-         gate.cols, format_name(gate.format), up.rows, up.cols, format_name(up.format));
+    fail(Errc::kInvalidArgument, "gate [{}, {}] {} and up [{}, {}] {} must have the same shape and format",
+         gate.rows, gate.cols, format_name(gate.format), up.rows, up.cols, format_name(up.format));
   }
   if (gate.rows % 8 != 0) {
-    fail(Errc::kInvalidArgument, "intermediate size {} must be a multiple of 8 for the gate/up interleave", gate.rows);
+    fail(Errc::kInvalidArgument, "intermediate size {} must be a multiple of 8 for the gate/up interleave",
+         gate.rows);
   }
   const int s_gate = gate.format == WeightFormat::kMxfp4 ? mxfp4_max_scale(gate) : 0;
   const int s_up = up.format == WeightFormat::kMxfp4 ? mxfp4_max_scale(up) : 0;
@@ -201,7 +208,8 @@ QuantizedMatrix slice_rows(const QuantizedMatrix& m, std::int64_t r0, std::int64
   s.scales.assign(static_cast<std::size_t>(n * m.scale_cols()), 0);
   const std::int64_t have = std::max<std::int64_t>(0, std::min(n, m.rows - r0));
   if (have > 0) {
-    std::memcpy(s.packed.data(), m.packed.data() + r0 * m.cols / 2, static_cast<std::size_t>(have * m.cols / 2));
+    std::memcpy(s.packed.data(), m.packed.data() + r0 * m.cols / 2,
+                static_cast<std::size_t>(have * m.cols / 2));
     std::memcpy(s.scales.data(), m.scales.data() + r0 * m.scale_cols(),
                 static_cast<std::size_t>(have * m.scale_cols()));
   }
@@ -268,7 +276,8 @@ std::vector<float> simulate_fragment_gemm(const RepackedMatrix& m, std::span<con
               const int t = lane % 4;
               std::uint32_t words[4];
               std::memcpy(words, blk + tile * WeightLayout::kTileWeightBytes + lane * 16, 16);
-              const std::uint8_t* sc = blk + WeightLayout::kBlockWeightBytes + tile * WeightLayout::kTileScaleBytes + lane * 2;
+              const std::uint8_t* sc =
+                  blk + WeightLayout::kBlockWeightBytes + tile * WeightLayout::kTileScaleBytes + lane * 2;
               std::uint32_t a[4];
               kernels::decode_e2m1x8(words[s], a);
               const float scale[2] = {bf16(kernels::scale_bits(sc[0])), bf16(kernels::scale_bits(sc[1]))};

@@ -32,10 +32,13 @@ struct GateUpScales {
   float gate = 1.0f;
   float up = 1.0f;
 };
-GateUpScales repack_gate_up(const QuantizedMatrix& gate, const QuantizedMatrix& up, std::span<std::uint8_t> out);
+GateUpScales repack_gate_up(const QuantizedMatrix& gate, const QuantizedMatrix& up,
+                            std::span<std::uint8_t> out);
 
 // The row of the interleaved gate/up matrix that holds gate row j (up = false) or up row j.
-constexpr std::int64_t gate_up_row(std::int64_t j, bool up) { return (j / 8) * 16 + (up ? 8 : 0) + j % 8; }
+constexpr std::int64_t gate_up_row(std::int64_t j, bool up) {
+  return (j / 8) * 16 + (up ? 8 : 0) + j % 8;
+}
 
 // Rows [r0, r0 + n) of m, zero rows past its end (the shared expert's pieces).
 QuantizedMatrix slice_rows(const QuantizedMatrix& m, std::int64_t r0, std::int64_t n);

@@ -16,15 +16,15 @@
 
 namespace fp4moe::test {
 
-#define FP4MOE_SKIP_WITHOUT_GPU()                                        \
-  do {                                                                   \
-    std::string why_;                                                    \
-    if (::fp4moe::list_gpus(&why_).empty()) GTEST_SKIP() << why_;        \
+#define FP4MOE_SKIP_WITHOUT_GPU()                                 \
+  do {                                                            \
+    std::string why_;                                             \
+    if (::fp4moe::list_gpus(&why_).empty()) GTEST_SKIP() << why_; \
   } while (0)
 
-#define FP4MOE_TEST_CUDA(expr)                                                             \
-  do {                                                                                     \
-    const cudaError_t e_ = (expr);                                                         \
+#define FP4MOE_TEST_CUDA(expr)                                                                            \
+  do {                                                                                                    \
+    const cudaError_t e_ = (expr);                                                                        \
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorName(e_) << " " << cudaGetErrorString(e_); \
   } while (0)
 
@@ -39,7 +39,9 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
-  void upload(const std::vector<T>& v) { cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  void upload(const std::vector<T>& v) {
+    cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
   std::vector<T> download() const {
     std::vector<T> v(n_);
     if (n_ > 0) cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);

@@ -55,8 +55,8 @@ std::vector<float> make_logits(const LayerDesc& d, std::int64_t tokens, std::uin
   return logits;
 }
 
-void expect_matches_reference(const LayerWeights& w, const MoeLayer& layer, std::int64_t tokens, std::uint64_t seed,
-                              int hot = -1) {
+void expect_matches_reference(const LayerWeights& w, const MoeLayer& layer, std::int64_t tokens,
+                              std::uint64_t seed, int hot = -1) {
   const LayerDesc& d = w.desc;
   SCOPED_TRACE(d.to_string() + " T=" + std::to_string(tokens));
   const auto x = test::random_bf16(static_cast<std::size_t>(tokens * d.hidden), seed);
@@ -65,7 +65,8 @@ void expect_matches_reference(const LayerWeights& w, const MoeLayer& layer, std:
   const GpuRun gpu = run_gpu(layer, x, logits, tokens);
   ASSERT_EQ(gpu.ids, ref.routing.ids) << "routing ids differ";
   for (std::size_t i = 0; i < gpu.weights.size(); ++i) {
-    ASSERT_NEAR(gpu.weights[i], ref.routing.weights[i], 1e-6 * std::max(1.0f, std::fabs(ref.routing.weights[i])))
+    ASSERT_NEAR(gpu.weights[i], ref.routing.weights[i],
+                1e-6 * std::max(1.0f, std::fabs(ref.routing.weights[i])))
         << "routing weight " << i;
   }
   const double err = test::relative_l2(gpu.out, ref.out);
@@ -94,7 +95,8 @@ TEST(GpuMoeLayer, SoftmaxRouterSeveralTokenCounts) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 1);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 3, 16, 64, 257, 1000}) expect_matches_reference(w, layer, t, 100 + static_cast<std::uint64_t>(t));
+  for (std::int64_t t : {1, 3, 16, 64, 257, 1000})
+    expect_matches_reference(w, layer, t, 100 + static_cast<std::uint64_t>(t));
 }
 
 TEST(GpuMoeLayer, SigmoidGroupRouterWithSharedExpert) {
@@ -103,7 +105,8 @@ TEST(GpuMoeLayer, SigmoidGroupRouterWithSharedExpert) {
   d.shared_intermediate = 128;
   const LayerWeights w = random_layer_weights(d, 2);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 3, 16, 64, 257}) expect_matches_reference(w, layer, t, 200 + static_cast<std::uint64_t>(t));
+  for (std::int64_t t : {1, 3, 16, 64, 257})
+    expect_matches_reference(w, layer, t, 200 + static_cast<std::uint64_t>(t));
 }
 
 TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
@@ -128,7 +131,8 @@ TEST(GpuMoeLayer, GptOssStyleMxfp4ClampedSwigluWithBiases) {
   d.expert_bias = true;
   const LayerWeights w = random_layer_weights(d, 4);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 7, 64}) expect_matches_reference(w, layer, t, 400 + static_cast<std::uint64_t>(t));
+  for (std::int64_t t : {1, 7, 64})
+    expect_matches_reference(w, layer, t, 400 + static_cast<std::uint64_t>(t));
 }
 
 TEST(GpuMoeLayer, SmallestLegalShapesAndKTail) {
@@ -140,7 +144,8 @@ TEST(GpuMoeLayer, SmallestLegalShapesAndKTail) {
   d.top_k = 1;
   const LayerWeights w = random_layer_weights(d, 5);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 3, 40}) expect_matches_reference(w, layer, t, 500 + static_cast<std::uint64_t>(t));
+  for (std::int64_t t : {1, 3, 40})
+    expect_matches_reference(w, layer, t, 500 + static_cast<std::uint64_t>(t));
   LayerDesc d2 = d;
   d2.hidden = 80;  // 64 + 16: a full chunk and a tail
   d2.intermediate = 48;
@@ -158,7 +163,8 @@ TEST(GpuMoeLayer, OneExpertGetsEveryTokenOthersNone) {
   d.top_k = 1;
   const LayerWeights w = random_layer_weights(d, 7);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 100, 300}) expect_matches_reference(w, layer, t, 700 + static_cast<std::uint64_t>(t), 5);
+  for (std::int64_t t : {1, 100, 300})
+    expect_matches_reference(w, layer, t, 700 + static_cast<std::uint64_t>(t), 5);
   LayerDesc d4 = d;
   d4.top_k = 4;
   const LayerWeights w4 = random_layer_weights(d4, 8);
@@ -195,7 +201,8 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
       o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
       o.gemm2 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
       SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
-                   std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " + std::to_string(pp[2]));
+                   std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " +
+                   std::to_string(pp[2]));
       const MoeLayer layer(w, o);
       expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
     }
@@ -220,14 +227,15 @@ TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
     o.gemm2 = o.gemm1;
     SCOPED_TRACE(o.gemm1->to_string());
     const MoeLayer layer(w, o);
-    for (std::int64_t t : {1, 70, 300}) expect_matches_reference(w, layer, t, 1400 + static_cast<std::uint64_t>(t));
+    for (std::int64_t t : {1, 70, 300})
+      expect_matches_reference(w, layer, t, 1400 + static_cast<std::uint64_t>(t));
   }
 }
 
 TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
-  d.hidden = 400;  // 6 chunks of 64 and a 16-wide tail
+  d.hidden = 400;        // 6 chunks of 64 and a 16-wide tail
   d.intermediate = 208;  // 3 chunks plus 16: h is read k-permuted with a zero tail
   d.experts = 4;
   d.top_k = 2;
@@ -251,7 +259,8 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
         // Off sm_90 (or without the sm_90a image) the planner refuses the forced wgmma config at
         // construction (kUnsupported).
         const MoeLayer layer(w, o);
-        for (std::int64_t t : {1, 70, 300}) expect_matches_reference(w, layer, t, 1600 + static_cast<std::uint64_t>(t));
+        for (std::int64_t t : {1, 70, 300})
+          expect_matches_reference(w, layer, t, 1600 + static_cast<std::uint64_t>(t));
       } catch (const Error& e) {
         if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
         throw;
@@ -377,8 +386,8 @@ TEST_P(GpuRealShapes, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuRealShapes,
-                         ::testing::Values("glm5", "glm45", "deepseek-v3", "kimi-k2", "qwen3-235b", "qwen3-30b",
-                                           "gpt-oss-120b", "mixtral-8x7b"),
+                         ::testing::Values("glm5", "glm45", "deepseek-v3", "kimi-k2", "qwen3-235b",
+                                           "qwen3-30b", "gpt-oss-120b", "mixtral-8x7b"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            std::string s = p.param;
                            std::replace(s.begin(), s.end(), '-', '_');

@@ -19,7 +19,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-float bf16_value(std::uint32_t bits) { return std::bit_cast<float>(bits << 16); }
+float bf16_value(std::uint32_t bits) {
+  return std::bit_cast<float>(bits << 16);
+}
 
 // A random matrix in checkpoint layout: every E2M1 code, and E4M3 scales that include
 // subnormals, zero and negative codes (NVFP4), or UE8M0 scales over a wide range (MXFP4).
@@ -54,7 +56,8 @@ std::vector<std::uint16_t> random_x(std::int64_t n, std::uint64_t seed) {
 }
 
 // y[t][r] = sum_k value(r, k) * x[t][k] in double.
-double reference_dot(const QuantizedMatrix& m, std::int64_t r, const std::vector<std::uint16_t>& x, std::int64_t t) {
+double reference_dot(const QuantizedMatrix& m, std::int64_t r, const std::vector<std::uint16_t>& x,
+                     std::int64_t t) {
   double acc = 0.0;
   for (std::int64_t k = 0; k < m.cols; ++k) {
     acc += static_cast<double>(m.value(r, k)) * bf16_value(x[static_cast<std::size_t>(t * m.cols + k)]);
@@ -85,7 +88,8 @@ TEST(Repack, DecodeGivesEveryE2M1CodeTimes2PowMinus126) {
         const int reg = (o / 2) * 2 + h;
         ASSERT_EQ(reg, kernels::code_register(h, o));
         const std::uint32_t bits = (a[reg] >> (16 * (o & 1))) & 0xffff;
-        EXPECT_EQ(std::ldexp(bf16_value(bits), 126), e2m1_to_float(code)) << "code " << code << " h " << h << " o " << o;
+        EXPECT_EQ(std::ldexp(bf16_value(bits), 126), e2m1_to_float(code))
+            << "code " << code << " h " << h << " o " << o;
         for (int other = 0; other < 4; ++other) {
           // Zero codes decode to all-zero bits: everything but this code's half must be 0.
           const std::uint32_t rest = other == reg ? (a[reg] & (0xffffu << (16 * (1 - (o & 1))))) : a[other];
@@ -144,7 +148,8 @@ TEST(Repack, ScaleFactorTimesE2M1IsExactForEveryE4M3Scale) {
 TEST(Repack, Nvfp4MatchesDotProductWithTailsAndSpecialScales) {
   for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{16, 16}, {64, 64}, {80, 144}, {200, 320}}) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
-    const QuantizedMatrix m = random_matrix(WeightFormat::kNvfp4, rows, cols, static_cast<std::uint64_t>(rows * cols));
+    const QuantizedMatrix m =
+        random_matrix(WeightFormat::kNvfp4, rows, cols, static_cast<std::uint64_t>(rows * cols));
     const auto x = random_x(3 * cols, 7);
     const gpu::RepackedMatrix r = gpu::repack(m);
     EXPECT_EQ(static_cast<std::int64_t>(r.bytes.size()), kernels::WeightLayout::matrix_bytes(rows, cols));

@@ -66,9 +66,9 @@ FP4MOE_HD float portable_exp(float x) {
   if (x > 88.72283935546875f) return pm_bits_to_float(0x7f800000u);
   if (x < -103.972084045410156f) return 0.0f;
   constexpr float kLog2e = 1.44269502162933349609375f;
-  constexpr float kLn2Hi = 0.693145751953125f;          // ln 2 with 12 trailing zero bits
-  constexpr float kLn2Lo = 1.428606765330187045e-06f;   // ln 2 - kLn2Hi
-  constexpr float kRound = 12582912.0f;                 // 1.5 * 2^23: adding it rounds to an integer
+  constexpr float kLn2Hi = 0.693145751953125f;         // ln 2 with 12 trailing zero bits
+  constexpr float kLn2Lo = 1.428606765330187045e-06f;  // ln 2 - kLn2Hi
+  constexpr float kRound = 12582912.0f;                // 1.5 * 2^23: adding it rounds to an integer
   const float n = pm_add(pm_add(pm_mul(x, kLog2e), kRound), -kRound);
   float r = pm_fma(-n, kLn2Hi, x);
   r = pm_fma(-n, kLn2Lo, r);
@@ -95,7 +95,9 @@ FP4MOE_HD float portable_sigmoid(float x) {
 }
 
 // x * sigmoid(x).
-FP4MOE_HD float portable_silu(float x) { return pm_mul(x, portable_sigmoid(x)); }
+FP4MOE_HD float portable_silu(float x) {
+  return pm_mul(x, portable_sigmoid(x));
+}
 
 // "a ranks before b" for routing: larger score first, NaN below every number, and equal scores
 // (or two NaNs) broken by the lower index. A strict weak order over (score, index) pairs.
