@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ git pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev
-          libgtest-dev libgmock-dev clang libclang-rt-dev)
+          libgtest-dev libgmock-dev clang clang-format libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
