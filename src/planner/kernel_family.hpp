@@ -100,6 +100,13 @@ CandidateVerdict evaluate(const KernelFamily& family, const CandidateSpec& spec,
 Plan plan_family(const KernelFamily& family, const GemmProblem& problem, const ArchInfo& arch,
                  const KernelResources* resources);
 
+// Reads a config label of `letters.size()` fields, each a letter and a positive number, in that
+// order, separated by spaces or commas ("m4 n1 k2 s4 w8"). Throws Error naming the text, the
+// expected `form` and `example` of `family`.
+std::vector<int> parse_config_fields(std::string_view config, std::string_view letters,
+                                     std::string_view family, std::string_view form,
+                                     std::string_view example);
+
 const KernelFamily& stream_gemm_family();
 const KernelFamily& tile_gemm_family();
 const KernelFamily& wgmma_gemm_family();

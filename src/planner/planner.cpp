@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -94,6 +95,26 @@ Occupancy occupancy(const ArchInfo& arch, std::int64_t smem_per_block, int threa
 }
 
 namespace planner {
+
+std::vector<int> parse_config_fields(std::string_view config, std::string_view letters,
+                                     std::string_view family, std::string_view form,
+                                     std::string_view example) {
+  std::vector<int> v(letters.size(), 0);
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < letters.size(); ++i) {
+    while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
+    const bool letter_ok = pos < config.size() && config[pos] == letters[i];
+    const char* begin = config.data() + pos + 1;
+    const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
+                             : std::from_chars_result{begin, std::errc::invalid_argument};
+    require(letter_ok && r.ec == std::errc() && v[i] > 0, "{} config '{}' is not '{}' (e.g. {})", family,
+            config, form, example);
+    pos = static_cast<std::size_t>(r.ptr - config.data());
+  }
+  require(pos == config.size(), "{} config '{}' has text after its last field (expected '{}')", family,
+          config, form);
+  return v;
+}
 
 CandidateVerdict judge(const KernelFamily& family, const CandidateSpec& spec, const ArchInfo& arch,
                        const KernelResources* resources) {

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "common/fail.hpp"
@@ -85,24 +84,9 @@ class StreamGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    // "m1 n2 k1 s8 w4" or "m1,n2,k1,s8,w4": five fields, each a letter and a number.
-    int v[5] = {0, 0, 0, 0, 0};
-    const char letters[5] = {'m', 'n', 'k', 's', 'w'};
-    std::size_t pos = 0;
-    for (int i = 0; i < 5; ++i) {
-      while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
-      const bool letter_ok = pos < config.size() && config[pos] == letters[i];
-      const char* begin = config.data() + pos + 1;
-      const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
-                               : std::from_chars_result{begin, std::errc::invalid_argument};
-      require(letter_ok && r.ec == std::errc() && v[i] > 0,
-              "stream-gemm config '{}' is not 'm<m_tiles> n<n_tiles> k<k_split> s<stages> w<warps>' (e.g. m4 "
-              "n1 k2 "
-              "s4 w8)",
-              config);
-      pos = static_cast<std::size_t>(r.ptr - config.data());
-    }
-    require(pos == config.size(), "stream-gemm config '{}' has text after the warps field", config);
+    const auto v =
+        parse_config_fields(config, "mnksw", "stream-gemm",
+                            "m<m_tiles> n<n_tiles> k<k_split> s<stages> w<warps>", "m4 n1 k2 s4 w8");
     return make_spec({v[0], v[1], v[3], v[4], v[2]});
   }
 

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "common/fail.hpp"
@@ -79,22 +78,8 @@ class TileGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    // "m2 n8 s4 w8" or "m2,n8,s4,w8": four fields, each a letter and a number.
-    int v[4] = {0, 0, 0, 0};
-    const char letters[4] = {'m', 'n', 's', 'w'};
-    std::size_t pos = 0;
-    for (int i = 0; i < 4; ++i) {
-      while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
-      const bool letter_ok = pos < config.size() && config[pos] == letters[i];
-      const char* begin = config.data() + pos + 1;
-      const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
-                               : std::from_chars_result{begin, std::errc::invalid_argument};
-      require(letter_ok && r.ec == std::errc() && v[i] > 0,
-              "tile-gemm config '{}' is not 'm<m_tiles> n<n_tiles> s<stages> w<warps>' (e.g. m2 n8 s4 w8)",
-              config);
-      pos = static_cast<std::size_t>(r.ptr - config.data());
-    }
-    require(pos == config.size(), "tile-gemm config '{}' has text after the warps field", config);
+    const auto v = parse_config_fields(config, "mnsw", "tile-gemm",
+                                       "m<m_tiles> n<n_tiles> s<stages> w<warps>", "m2 n8 s4 w8");
     return make_spec({v[0], v[1], v[3], v[2]});
   }
 

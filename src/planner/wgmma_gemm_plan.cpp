@@ -5,8 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-
 #include "common/fail.hpp"
 #include "planner/kernel_family.hpp"
 #include "planner/stream_gemm_plan.hpp"
@@ -70,21 +68,7 @@ class WgmmaGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    // "n16 s4" or "n16,s4": two fields, each a letter and a number.
-    int v[2] = {0, 0};
-    const char letters[2] = {'n', 's'};
-    std::size_t pos = 0;
-    for (int i = 0; i < 2; ++i) {
-      while (pos < config.size() && (config[pos] == ' ' || config[pos] == ',')) ++pos;
-      const bool letter_ok = pos < config.size() && config[pos] == letters[i];
-      const char* begin = config.data() + pos + 1;
-      const auto r = letter_ok ? std::from_chars(begin, config.data() + config.size(), v[i])
-                               : std::from_chars_result{begin, std::errc::invalid_argument};
-      require(letter_ok && r.ec == std::errc() && v[i] > 0,
-              "wgmma-gemm config '{}' is not 'n<n_tiles> s<stages>' (e.g. n16 s4)", config);
-      pos = static_cast<std::size_t>(r.ptr - config.data());
-    }
-    require(pos == config.size(), "wgmma-gemm config '{}' has text after the stages field", config);
+    const auto v = parse_config_fields(config, "ns", "wgmma-gemm", "n<n_tiles> s<stages>", "n16 s4");
     return make_spec({v[0], v[1]});
   }
 
