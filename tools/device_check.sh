@@ -12,6 +12,8 @@
 # FP4MOE_STEPS (any of: build cpu gpu sanitize tune bench profile; default all but tune and
 # profile), FP4MOE_TUNE_ARGS (arguments of `fp4moe tune`; the cache goes to $OUT/../tune.json and
 # the bench after it uses it),
+# FP4MOE_PROFILE_ARGS / _KERNELS / _SECTIONS / _METRICS / _COUNT / _LINES (the ncu step: bench
+# arguments, kernel-name regex, extra sections, metrics, launches to profile, lines shown),
 # FP4MOE_COMMIT (the commit to report when the tree has no .git). At most 8 files are written.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,12 +102,11 @@ if has profile; then
   log "profile (ncu, one forward per token count)"
   metrics=${FP4MOE_PROFILE_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active}
   what=(--metrics "$metrics")
-  if [ -n "${FP4MOE_PROFILE_SECTIONS:-}" ]; then
-    what=(); for sec in $FP4MOE_PROFILE_SECTIONS; do what+=(--section "$sec"); done
-  fi
+  for sec in ${FP4MOE_PROFILE_SECTIONS:-}; do what+=(--section "$sec"); done
+  [ -n "${FP4MOE_PROFILE_COUNT:-}" ] && what+=(-c "$FP4MOE_PROFILE_COUNT")
   ncu --clock-control none -k regex:"${FP4MOE_PROFILE_KERNELS:-fp4moe|route|group|finalize}" "${what[@]}" \
     "$build/fp4moe" bench --no-baseline --iterations 1 --warmup 0 --sets 1 ${FP4MOE_PROFILE_ARGS:---tokens 1,64} \
-    > "$OUT/profile.txt" 2>&1 || { log "PROFILE FAILED"; tail -20 "$OUT/profile.txt"; }
+    >> "$OUT/profile.txt" 2>&1 || { log "PROFILE FAILED"; tail -20 "$OUT/profile.txt"; }
   grep -vE "^==PROF==|^bench:|^    -+|^ +Section:" "$OUT/profile.txt" | grep -vE "^\s*$" | head -${FP4MOE_PROFILE_LINES:-150}
 fi
 cat "$OUT/summary.txt"
