@@ -88,6 +88,7 @@ struct StreamGemmArgs {
   const float* bias = nullptr;            // GEMM1 [E+P, 2, I] (gate, up); GEMM2 [E+P, H]; or null
   const std::uint16_t* act = nullptr;     // bf16 activations, rows of act_ld elements
   std::int64_t act_ld = 0;
+  std::int64_t act_rows = 0;                 // rows the act buffer holds (the wgmma GEMM's tensor map)
   const std::int32_t* slot_token = nullptr;  // GEMM1: activation row = slot_token[slot]; GEMM2: null
   const std::int32_t* offsets = nullptr;
   const std::int32_t* active = nullptr;
@@ -120,9 +121,9 @@ cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& c
                              StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 
 // The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k) in slot order
-// (slot_token unused) and rows of n_chunks * 64 values; row_blocks counts 256-row blocks and
-// tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off sm_90
-// (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
+// (slot_token unused), rows of n_chunks * 64 values, 16-byte aligned, act_rows of them; row_blocks counts
+// 256-row blocks and tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off
+// sm_90 (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
 bool wgmma_supported();
 cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue,
                              KernelAttributes* attributes);

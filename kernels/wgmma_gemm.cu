@@ -4,19 +4,26 @@
 // (a block of up to 128 tokens) is read by the tensor cores from shared memory. One decode per
 // weight feeds 64-128 tokens, against 8-64 for mma.sync, which is what keeps the tensor cores fed.
 //
-// Pipeline: a CTA-wide cp.async ring; per K chunk every warpgroup issues 2 x 4 wgmma (two m64
-// row blocks x four k-steps) on the A registers decoded before, then decodes the next chunk into
-// a second set of A registers while those run.
+// Pipeline (warp-specialized): a producer thread fills a ring of stages with TMA: per K chunk the
+// four 2304-byte weight blocks (cp.async.bulk) and the token block (cp.async.bulk.tensor through
+// a tensor map with the 128-byte swizzle), all completing on the stage's "full" mbarrier. Each
+// consumer warp issues 2 x 4 wgmma (two m64 row blocks x four k-steps) on A registers decoded
+// before, then, once the previous chunk's wgmmas are done (wait_group 1), frees that chunk's
+// stage ("empty" mbarrier) and decodes the next chunk into the other A register set while the
+// tensor cores run. No CTA-wide barrier in the loop; the producer runs ahead across items, so
+// the next item's first chunks are in flight during the epilogue.
 //
-// NOTE: cp.async writes through the generic proxy while wgmma reads shared memory through the
-// async proxy: each thread fences (fence.proxy.async.shared::cta) after its copies land and
-// before the barrier that precedes the wgmmas (PTX ISA, "Asynchronous proxy").
+// Tokens past the item's count (the next expert's rows, or zeros past the buffer) are loaded
+// too; each only feeds its own output column, which the epilogue does not store.
 #include "fp4moe/detail/portable_math.hpp"
 #include "kernels/common.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
 #include "kernels/wgmma_gemm_layout.hpp"
+
+#include <cuda.h>          // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FP4MOE_WGMMA 1
@@ -47,13 +54,62 @@ __device__ __forceinline__ void wgmma_wait_all() {
 __device__ __forceinline__ void wgmma_wait_one() {
   asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 template <int N>
 __device__ __forceinline__ void keep_in_registers(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// mbarriers (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier").
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase with parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// TMA: a contiguous global -> shared copy, and a 2-D box of a tensor map, both completing on `bar`.
+__device__ __forceinline__ void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes,
+                                          std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], "
+      "[%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const std::uint32_t (&a)[4],
@@ -105,26 +161,60 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t
 
 }  // namespace
 
+// One item: 256 weight rows of one expert against one block of its tokens.
+struct WgmmaItem {
+  int expert;
+  int slot0;    // first slot (row of act) of the token block
+  int m_count;  // tokens of the block that belong to the expert
+  int group0;   // first 64-row group
+};
+
+// The items a CTA visits, in order (blockIdx.x, + gridDim.x, ...): the producer and the consumers
+// each walk the same sequence.
+template <int NT>
+struct WgmmaItems {
+  const StreamGemmArgs& p;
+  int n_active;
+  std::int64_t total;
+  int cursor = 0;
+
+  __device__ WgmmaItem at(std::int64_t item) {
+    constexpr int kTokens = NT * 8;
+    const int pb = static_cast<int>(item / p.row_blocks);
+    const int rb = static_cast<int>(item % p.row_blocks);
+    while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+    const int expert = p.active[cursor];
+    const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
+    return {expert, slot0, min(kTokens, p.offsets[expert + 1] - slot0), rb * WgmmaGemmLayout::kGroups};
+  }
+};
+
 template <int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs p, const int stages) {
+__global__ void __launch_bounds__(384, 1)
+    fp4moe_wgmma_gemm(const StreamGemmArgs p, const __grid_constant__ CUtensorMap act_map, const int stages) {
 #if FP4MOE_WGMMA
   extern __shared__ __align__(128) std::uint8_t smem[];
-  constexpr int kThreads = WgmmaGemmLayout::kWarps * 32;
   constexpr int kTokens = NT * 8;
   constexpr WgmmaGemmConfig kShape{NT, 2};
   constexpr int kActOff = WgmmaGemmLayout::act_offset(kShape);
-  constexpr int kActPieces = kTokens * 8 / kThreads;
-  static_assert(kTokens * 8 % kThreads == 0);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int wg = warp >> 2;  // warpgroup
-  const int wi = warp & 3;   // warp within the warpgroup
-  const int g = lane >> 2;
-  const int t = lane & 3;
   const int stage_bytes = WgmmaGemmLayout::stage_bytes({NT, stages});
   const std::uint32_t raw = smem_addr(smem);
   const std::uint32_t base =
       (raw + WgmmaGemmLayout::kAlign - 1) & ~static_cast<std::uint32_t>(WgmmaGemmLayout::kAlign - 1);
+  const std::uint32_t bars = base + WgmmaGemmLayout::barrier_offset({NT, stages});
+  auto full_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes; };
+  auto empty_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes + 8; };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full_bar(s), 1);
+      mbar_init(empty_bar(s), WgmmaGemmLayout::kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the warpgroups part here
 
   pdl_wait();
   pdl_launch_dependents();
@@ -132,157 +222,155 @@ __global__ void __launch_bounds__(256, 1) fp4moe_wgmma_gemm(const StreamGemmArgs
   const int n_active = *p.n_active;
   const int expert_groups = (p.rows + WeightLayout::kGroupRows - 1) / WeightLayout::kGroupRows;
   const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
-  int cursor = 0;
-  for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
-    const int pb = static_cast<int>(item / p.row_blocks);
-    const int rb = static_cast<int>(item % p.row_blocks);
-    while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
-    const int expert = p.active[cursor];
-    const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
-    const int m_count = min(kTokens, p.offsets[expert + 1] - slot0);
-    const int group0 = rb * WgmmaGemmLayout::kGroups;
+  const int n_chunks = p.n_chunks;
+  WgmmaItems<NT> items{p, n_active, total_items};
 
-    // Copy schedule, fixed for the item: warp w < 4 copies row group w's block; every thread
-    // copies kActPieces 16-byte pieces of the (already k-permuted, slot-ordered) token rows.
-    const std::uint8_t* wsrc = nullptr;
-    if (warp < WgmmaGemmLayout::kGroups && group0 + warp < expert_groups) {
-      wsrc = p.weights + static_cast<std::int64_t>(expert) * p.expert_stride +
-             static_cast<std::int64_t>(group0 + warp) * p.n_chunks * WeightLayout::kBlockBytes;
-    }
-    const std::uint16_t* asrc[kActPieces];
-    std::uint32_t adst[kActPieces];
-    bool avalid[kActPieces];
-#pragma unroll
-    for (int i = 0; i < kActPieces; ++i) {
-      const int piece = threadIdx.x + i * kThreads;
-      const int r = piece >> 3;
-      const int c = piece & 7;
-      avalid[i] = r < m_count;
-      asrc[i] = p.act + static_cast<std::int64_t>(avalid[i] ? slot0 + r : 0) * p.act_ld + c * 8;
-      adst[i] = static_cast<std::uint32_t>(kActOff + swizzle128_offset(r, c));
-    }
-
-    int issue_slot = 0;
-    auto issue = [&](int chunk) {
-      const std::uint32_t st = base + issue_slot * stage_bytes;
-      issue_slot = issue_slot + 1 == stages ? 0 : issue_slot + 1;
-      if (wsrc != nullptr) {
-        const std::uint8_t* blk = wsrc + static_cast<std::int64_t>(chunk) * WeightLayout::kBlockBytes;
-        const std::uint32_t dst = st + warp * WeightLayout::kBlockBytes;
-#pragma unroll
-        for (int q = 0; q < 5; ++q) {
-          const int piece = lane + 32 * q;
-          if (q < 4 || piece < 144) cp_async16(dst + piece * 16, blk + piece * 16);
+  if (warp < 4) {
+    // Producer warpgroup: one thread issues every copy; the others have nothing to do.
+    setmaxnreg_dec<40>();
+    if (threadIdx.x != 0) return;
+    int slot = 0;
+    std::uint32_t phase = 0;
+    for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
+      const WgmmaItem it = items.at(item);
+      const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
+      const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
+                                 static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
+      const std::uint32_t bytes =
+          groups * WeightLayout::kBlockBytes + kTokens * WgmmaGemmLayout::kActRowBytes;
+      for (int c = 0; c < n_chunks; ++c) {
+        mbar_wait(empty_bar(slot), phase ^ 1);
+        const std::uint32_t st = base + slot * stage_bytes;
+        mbar_arrive_expect_tx(full_bar(slot), bytes);
+        for (int w = 0; w < groups; ++w) {
+          bulk_copy(st + w * WeightLayout::kBlockBytes,
+                    wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
+                    WeightLayout::kBlockBytes, full_bar(slot));
+        }
+        tma_load_2d(st + kActOff, &act_map, c * WeightLayout::kChunkK, it.slot0, full_bar(slot));
+        if (++slot == stages) {
+          slot = 0;
+          phase ^= 1;
         }
       }
-#pragma unroll
-      for (int i = 0; i < kActPieces; ++i) {
-        cp_async16_zfill(st + adst[i], asrc[i] + (avalid[i] ? chunk * WeightLayout::kChunkK : 0), avalid[i]);
-      }
-    };
+    }
+    return;
+  }
 
-    float acc[2][NT * 4];
+  setmaxnreg_inc<232>();
+  const int cw = warp - 4;  // consumer warp 0..7
+  const int wg = cw >> 2;   // consumer warpgroup: rows 128 wg ..
+  const int wi = cw & 3;    // warp within the warpgroup
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  // This warp's two tiles (rows 128 wg + 64 i + 16 wi) of the chunk in stage `st`, decoded for
+  // the 4 k-steps.
+  auto decode = [&](std::uint32_t st, std::uint32_t(&a)[2][4][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int tile = wg * 8 + 4 * i + wi;
+      const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
+      const uint4 wq = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
+      const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
+                                     (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
+      const std::uint32_t s_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
+      const std::uint32_t s_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
+      const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        decode_e2m1x8(words[s], a[i][s]);
+        a[i][s][0] = bf16x2_mul(a[i][s][0], s_g);
+        a[i][s][1] = bf16x2_mul(a[i][s][1], s_g8);
+        a[i][s][2] = bf16x2_mul(a[i][s][2], s_g);
+        a[i][s][3] = bf16x2_mul(a[i][s][3], s_g8);
+      }
+    }
+  };
+
+  float acc[2][NT * 4];
+  auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[2][4][4]) {
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const std::uint64_t desc = b_descriptor(st + kActOff + s * 32);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
+    }
+    wgmma_commit();
+  };
+
+  int slot = 0;  // the next stage to wait for
+  std::uint32_t phase = 0;
+  auto next_stage = [&]() {
+    mbar_wait(full_bar(slot), phase);
+    const int s = slot;
+    if (++slot == stages) {
+      slot = 0;
+      phase ^= 1;
+    }
+    return s;
+  };
+  auto release = [&](int s) {
+    if (lane == 0) mbar_arrive(empty_bar(s));
+  };
+
+  for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
+    const WgmmaItem it = items.at(item);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int q = 0; q < NT * 4; ++q) acc[i][q] = 0.0f;
 
-    // This warp's two tiles (rows 128 wg + 64 i + 16 wi) of chunk `st`, decoded for the 4 k-steps.
-    auto decode = [&](std::uint32_t st, std::uint32_t(&a)[2][4][4]) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int tile = wg * 8 + 4 * i + wi;
-        const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
-        const uint4 wq = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
-        const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
-                                       (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
-        const std::uint32_t s_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
-        const std::uint32_t s_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
-        const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          decode_e2m1x8(words[s], a[i][s]);
-          a[i][s][0] = bf16x2_mul(a[i][s][0], s_g);
-          a[i][s][1] = bf16x2_mul(a[i][s][1], s_g8);
-          a[i][s][2] = bf16x2_mul(a[i][s][2], s_g);
-          a[i][s][3] = bf16x2_mul(a[i][s][3], s_g8);
-        }
-      }
-    };
-    auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[2][4][4]) {
-      wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const std::uint64_t desc = b_descriptor(st + kActOff + s * 32);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
-      }
-      wgmma_commit();
-    };
-
-    // Software pipeline: the wgmmas of chunk c run on the tensor cores while the warps wait for,
-    // and decode, chunk c + 1 into the other A buffer. Commit groups: the prologue commits chunks
-    // 0..stages-2; iteration c commits chunk c + stages - 1 into the slot chunk c - 1 used (free
-    // once every warpgroup's wgmmas of c - 1 are done: wait_group 1, then the barrier).
-    const int n_chunks = p.n_chunks;
-    for (int c = 0; c < stages - 1; ++c) {
-      if (c < n_chunks) issue(c);
-      cp_async_commit();
-    }
-    cp_async_wait_dynamic(stages - 2);
-    fence_proxy_async();
-    __syncthreads();
+    // Chunk c's wgmmas run on the tensor cores while the warp waits for, and decodes, chunk c + 1
+    // into the other A set; chunk c - 1's stage is freed once its wgmmas are done (wait_group 1).
     std::uint32_t a0[2][4][4], a1[2][4][4];
-    decode(base, a0);
-    int slot = 0;  // the stage of chunk c
+    int cur = next_stage();
+    decode(base + cur * stage_bytes, a0);
+    int prev = -1;
     for (int c = 0; c < n_chunks; ++c) {
-      const std::uint32_t st = base + slot * stage_bytes;
       if (c & 1)
-        mma(st, a1);
+        mma(base + cur * stage_bytes, a1);
       else
-        mma(st, a0);
-      slot = slot + 1 == stages ? 0 : slot + 1;
+        mma(base + cur * stage_bytes, a0);
+      wgmma_wait_one();
+      if (prev >= 0) release(prev);
+      prev = cur;
       if (c + 1 < n_chunks) {
-        wgmma_wait_one();
-        cp_async_wait_dynamic(stages - 3);
-        fence_proxy_async();
-        __syncthreads();  // chunk c + 1 visible to all; every warpgroup's wgmmas of c - 1 done
-        if (c + stages - 1 < n_chunks) issue(c + stages - 1);
-        cp_async_commit();
+        cur = next_stage();
         if (c & 1)
-          decode(base + slot * stage_bytes, a0);
+          decode(base + cur * stage_bytes, a0);
         else
-          decode(base + slot * stage_bytes, a1);
+          decode(base + cur * stage_bytes, a1);
       }
     }
     wgmma_wait_all();
+    release(prev);
 #pragma unroll
     for (int i = 0; i < 2; ++i) keep_in_registers(acc[i]);
-    cp_async_wait<0>();
 
-    // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
-    // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
+      // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
+      // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int tile = group0 * 4 + wg * 8 + 4 * i + wi;  // 16-row tile within the expert
+      const int tile = it.group0 * 4 + wg * 8 + 4 * i + wi;  // 16-row tile within the expert
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int n = 8 * j + 2 * t + q;
-          if (n < m_count)
-            store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
+          if (n < it.m_count)
+            store_token<EPI>(p, it.expert, tile, g, it.slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
         }
       }
     }
-    __syncthreads();  // the next item's prologue overwrites the stages
   }
 #endif
 }
 
 namespace {
 
-using WgmmaKernelFn = void (*)(const StreamGemmArgs, const int);
+using WgmmaKernelFn = void (*)(const StreamGemmArgs, const CUtensorMap, const int);
 
 template <int NT>
 WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
@@ -350,12 +438,55 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
                       static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), attributes);
 }
 
+namespace {
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The token blocks' tensor map: act as [act_rows][act_ld] bf16, boxes of 64 values x `tokens`
+// rows written with the 128-byte swizzle; rows past act_rows read as zeros. Encoding is a host
+// computation (no device work), so it is done per launch (and captured by value in graphs).
+cudaError_t encode_act_map(const StreamGemmArgs& a, int tokens, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  if (a.act == nullptr || a.act_rows <= 0 || a.act_ld % 64 != 0 ||
+      (reinterpret_cast<std::uintptr_t>(a.act) & 15u) != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.act_ld), static_cast<cuuint64_t>(a.act_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.act_ld) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(WeightLayout::kChunkK), static_cast<cuuint32_t>(tokens)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint16_t*>(a.act), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace
+
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  CUtensorMap map;
+  const cudaError_t err = encode_act_map(args, WgmmaGemmLayout::tokens(config), &map);
+  if (err != cudaSuccess) return err;
   return launch_kernel(fn, grid, WgmmaGemmLayout::threads(config),
-                       static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config)), pdl, stream, args,
+                       static_cast<std::size_t>(WgmmaGemmLayout::cta_bytes(config)), pdl, stream, args, map,
                        config.stages);
 }
 

@@ -1,16 +1,22 @@
 // Shared-memory layout of the wgmma grouped GEMM (kernels/wgmma_gemm.cu), the SM90 prefill
 // kernel. The single definition of its shared storage, for the kernel and the planner. C++17.
 //
-// Work split: a CTA of two warpgroups owns one item = (expert, token block of 8*n_tiles tokens,
-// 256 weight rows). Warpgroup w covers rows [128w, 128w + 128) with two m64 wgmma instructions
-// per k-step; inside them, warp i of the group holds rows 16i..16i+15 of each 64 as the A
-// operand in registers (E2M1 decoded with its block scale, weight_layout.hpp), and the token
-// block is the B operand, read by the tensor cores from shared memory (128-byte swizzle).
+// Work split: a CTA owns one item at a time = (expert, token block of 8*n_tiles tokens, 256
+// weight rows) and walks the items round-robin (persistent). Warpgroup 0 is the producer: one
+// thread fills the stage ring with TMA (bulk copies of the weight blocks, a tensor copy of the
+// token block) and signals each stage on its "full" mbarrier. Warpgroups 1 and 2 consume:
+// consumer warpgroup w covers rows [128w, 128w + 128) with two m64 wgmma instructions per
+// k-step; inside them, warp i of the group holds rows 16i..16i+15 of each 64 as the A operand in
+// registers (E2M1 decoded with its block scale, weight_layout.hpp), and the token block is the B
+// operand, read by the tensor cores from shared memory (128-byte swizzle). A consumer warp
+// arrives on the stage's "empty" mbarrier once its wgmmas of that stage are complete.
 //
 // One pipeline stage (one K chunk of 64):
 //   weights+scales  4 row groups x 2304 B  (the fragment layout's blocks as they are)
 //   acts            8*n_tiles tokens x 128 B, 16-byte pieces swizzled by token % 8 (the wgmma
-//                   128B-swizzle K-major layout), starting on a 1024-byte boundary
+//                   128B-swizzle K-major layout, which TMA's SWIZZLE_128B writes), starting on a
+//                   1024-byte boundary
+// After the stages: a full and an empty mbarrier (8 B each) per stage.
 // The activations are k-permuted (mma-k order) in global memory beforehand, so the tensor cores
 // pair them with the permuted weight fragments.
 #pragma once
@@ -34,7 +40,9 @@ struct WgmmaGemmConfig {
 inline constexpr int kWgmmaTileNs[] = {8, 16};
 
 struct WgmmaGemmLayout {
-  static constexpr int kWarps = 8;
+  static constexpr int kWarps = 12;         // one producer warpgroup, two consumer warpgroups
+  static constexpr int kConsumerWarps = 8;  // arrivals that free a stage
+  static constexpr int kBarrierBytes = 16;  // per stage: full + empty mbarrier
   static constexpr int kRows = 256;
   static constexpr int kGroups = 4;
   static constexpr int kBlockBytes = 2304;
@@ -49,13 +57,17 @@ struct WgmmaGemmLayout {
     const int raw = act_offset(c) + tokens(c) * kActRowBytes;
     return (raw + kAlign - 1) / kAlign * kAlign;
   }
-  // The dynamic allocation: the stages plus slack to align the first one to 1024 bytes.
+  // From the aligned base: the mbarriers follow the stages.
+  static constexpr int barrier_offset(const WgmmaGemmConfig& c) { return c.stages * stage_bytes(c); }
+  // The dynamic allocation: the stages, their mbarriers, and slack to align the first stage to
+  // 1024 bytes.
   static constexpr std::int64_t cta_bytes(const WgmmaGemmConfig& c) {
-    return static_cast<std::int64_t>(c.stages) * stage_bytes(c) + kAlign;
+    return static_cast<std::int64_t>(barrier_offset(c)) + c.stages * kBarrierBytes + kAlign;
   }
   static constexpr int threads(const WgmmaGemmConfig&) { return kWarps * 32; }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
-    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;  // 3+: see the pipeline
+    // 3+: the consumers hold two stages (the chunk in the tensor cores and the one decoded next)
+    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;
   }
 };
 

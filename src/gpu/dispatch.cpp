@@ -78,13 +78,14 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     return c;
   }
   if (limits.wgmma && per_expert >= 48.0) {
-    // wgmma: 256 rows x 128 tokens per CTA (64 below 96 tokens per expert), 4 stages.
+    // wgmma: 256 rows x 128 tokens per CTA (64 below 96 tokens per expert), 6 stages (the TMA
+    // producer runs ahead across items).
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
-    c.warps = 8;
+    c.warps = kernels::WgmmaGemmLayout::kConsumerWarps;  // the 256 rows run on 8 consumer warps
     c.k_split = 1;
     c.n_tiles = per_expert >= 96.0 ? 16 : 8;
-    c.stages = 4;
+    c.stages = 6;
     while (c.stages > 3 &&
            kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
       --c.stages;
@@ -145,8 +146,10 @@ namespace fp4moe {
 std::string GemmChoice::to_string() const {
   if (kernel == GemmKernel::kStream) return gpu::to_string(gpu::stream_config(*this));
   if (kernel == GemmKernel::kWgmma) {
-    return fmt::format("wgmma n{} (256 rows x {} tokens per CTA, two warpgroups), {} stages, {} B smem",
-                       n_tiles, token_block(), stages, gpu::smem_bytes(*this));
+    return fmt::format(
+        "wgmma n{} (256 rows x {} tokens per CTA, TMA producer + two consumer warpgroups), {} "
+        "stages, {} B smem",
+        n_tiles, token_block(), stages, gpu::smem_bytes(*this));
   }
   return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles,
                      n_tiles, rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));

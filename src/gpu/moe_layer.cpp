@@ -551,6 +551,7 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     if (c.kernel == GemmKernel::kWgmma) {  // reads permute_gather's copy, in slot order
       g.act = x_perm;
       g.act_ld = h_padded;
+      g.act_rows = max_slots;
       g.slot_token = nullptr;
     } else {
       g.act = reinterpret_cast<const std::uint16_t*>(x);
@@ -572,6 +573,7 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.bias = bias2.as<float>();
     g.act = h;
     g.act_ld = i_padded;
+    g.act_rows = max_slots;
     g.slot_token = nullptr;
     g.out_permuted = 0;
     g.tb_prefix = tb_prefix[1];

@@ -46,7 +46,8 @@ Judged judge_choice(const GemmChoice& c, const GemmProblem& problem, const ArchI
       spec = planner::wgmma_gemm_spec({c.n_tiles, c.stages}, problem);
       if (spec.invalid.empty() && (c.m_tiles != 2 || c.warps != 8 || c.k_split != 1)) {
         spec.invalid = fmt::format(
-            "m_tiles={} warps={} k_split={}: the wgmma kernel runs 256 rows on 8 warps without a K split "
+            "m_tiles={} warps={} k_split={}: the wgmma kernel runs 256 rows on 8 (consumer) warps without a "
+            "K split "
             "(2, 8, 1)",
             c.m_tiles, c.warps, c.k_split);
       }

@@ -87,7 +87,9 @@ class WgmmaGemmFamily final : public KernelFamily {
         {fmt::format("round up to {}", WgmmaGemmLayout::kAlign), stage - raw, "stage alignment (the swizzle)",
          true},
         {"the ring's other stages", static_cast<std::int64_t>(c.stages - 1) * stage,
-         fmt::format("{} x {} B (a CTA-wide ring of {})", c.stages - 1, stage, c.stages)},
+         fmt::format("{} x {} B (a ring of {}, filled by TMA)", c.stages - 1, stage, c.stages)},
+        {"mbarriers", static_cast<std::int64_t>(c.stages) * WgmmaGemmLayout::kBarrierBytes,
+         fmt::format("{} stages x (full + empty) x 8 B", c.stages)},
         {"alignment slack", WgmmaGemmLayout::kAlign, "to align the first stage to 1024 B", true},
     };
   }
