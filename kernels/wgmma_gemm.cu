@@ -112,6 +112,18 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const std::uint32_t (&a)[4],
+                                                   std::uint64_t desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+      "%11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %21, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+}
+
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const std::uint32_t (&a)[4],
                                                    std::uint64_t desc, int accumulate) {
   asm volatile(
@@ -151,7 +163,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const std::u
 template <int NT>
 __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t (&a)[4],
                                          std::uint64_t desc) {
-  if constexpr (NT == 8) {
+  if constexpr (NT == 4) {
+    wgmma_m64n32k16_rs(d, a, desc, 1);
+  } else if constexpr (NT == 8) {
     wgmma_m64n64k16_rs(d, a, desc, 1);
   } else {
     wgmma_m64n128k16_rs(d, a, desc, 1);
@@ -210,7 +224,7 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), WgmmaGemmLayout::kConsumerWarps);
+      mbar_init(empty_bar(s), WgmmaGemmLayout::kEmptyArrivals);
     }
     mbar_fence_init();
   }
@@ -311,9 +325,9 @@ __global__ void __launch_bounds__(384, 1)
     }
     return s;
   };
-  auto release = [&](int s) {
-    if (lane == 0) mbar_arrive(empty_bar(s));
-  };
+  // Every consumer thread arrives: its own shared-memory reads of the stage (the decode) are
+  // then ordered before the producer's next TMA write there (racecheck checks exactly this).
+  auto release = [&](int s) { mbar_arrive(empty_bar(s)); };
 
   for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
     const WgmmaItem it = items.at(item);
@@ -387,6 +401,8 @@ WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
 
 WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi) {
   switch (c.n_tiles) {
+    case 4:
+      return wgmma_pick_epilogue<4>(epi);
     case 8:
       return wgmma_pick_epilogue<8>(epi);
     case 16:

@@ -8,8 +8,8 @@
 // consumer warpgroup w covers rows [128w, 128w + 128) with two m64 wgmma instructions per
 // k-step; inside them, warp i of the group holds rows 16i..16i+15 of each 64 as the A operand in
 // registers (E2M1 decoded with its block scale, weight_layout.hpp), and the token block is the B
-// operand, read by the tensor cores from shared memory (128-byte swizzle). A consumer warp
-// arrives on the stage's "empty" mbarrier once its wgmmas of that stage are complete.
+// operand, read by the tensor cores from shared memory (128-byte swizzle). Every consumer
+// thread arrives on the stage's "empty" mbarrier once its warp's wgmmas of that stage are done.
 //
 // One pipeline stage (one K chunk of 64):
 //   weights+scales  4 row groups x 2304 B  (the fragment layout's blocks as they are)
@@ -26,7 +26,7 @@
 namespace fp4moe::kernels {
 
 struct WgmmaGemmConfig {
-  int n_tiles = 16;  // 8-token tiles per item: 8 (64 tokens) or 16 (128 tokens)
+  int n_tiles = 16;  // 8-token tiles per item: 4 (32 tokens), 8 (64 tokens) or 16 (128 tokens)
   int stages = 4;
 
   constexpr bool operator==(const WgmmaGemmConfig& o) const {
@@ -37,11 +37,14 @@ struct WgmmaGemmConfig {
 // The n_tiles template instances compiled into the library (wgmma_kernel_for in wgmma_gemm.cu
 // switches over exactly these); stages is a launch-time value. The planner and the launcher
 // read this one list.
-inline constexpr int kWgmmaTileNs[] = {8, 16};
+inline constexpr int kWgmmaTileNs[] = {4, 8, 16};
 
 struct WgmmaGemmLayout {
-  static constexpr int kWarps = 12;         // one producer warpgroup, two consumer warpgroups
-  static constexpr int kConsumerWarps = 8;  // arrivals that free a stage
+  static constexpr int kWarps = 12;  // one producer warpgroup, two consumer warpgroups
+  static constexpr int kConsumerWarps = 8;
+  // Arrivals that free a stage: every consumer thread, since an arrive releases only the
+  // arriving thread's own reads of the stage (PTX memory model).
+  static constexpr int kEmptyArrivals = kConsumerWarps * 32;
   static constexpr int kBarrierBytes = 16;  // per stage: full + empty mbarrier
   static constexpr int kRows = 256;
   static constexpr int kGroups = 4;
@@ -67,7 +70,7 @@ struct WgmmaGemmLayout {
   static constexpr int threads(const WgmmaGemmConfig&) { return kWarps * 32; }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
     // 3+: the consumers hold two stages (the chunk in the tensor cores and the one decoded next)
-    return (c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;
+    return (c.n_tiles == 4 || c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;
   }
 };
 

@@ -67,6 +67,22 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
   const double active = expected_active_experts(desc, tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   GemmChoice c;
+  // sm_90: the wgmma kernel from 6 tokens per expert. With 32-token blocks it streams weights at
+  // about HBM rate while its tensor work stays below the decode's, so it beats the stream
+  // kernel (one weight decode per 8-32 tokens) from a few tokens per expert.
+  if (limits.wgmma && per_expert >= 6.0) {
+    c.kernel = GemmKernel::kWgmma;
+    c.m_tiles = 2;
+    c.warps = kernels::WgmmaGemmLayout::kConsumerWarps;  // the 256 rows run on 8 consumer warps
+    c.k_split = 1;
+    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 40.0 ? 8 : 4);
+    c.stages = 8;  // the TMA producer runs ahead across items: as deep a ring as fits
+    while (c.stages > 3 &&
+           kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
+      --c.stages;
+    }
+    return c;
+  }
   if (per_expert <= 24.0) {
     const StreamGemmConfig s = choose_stream_config(desc, tokens, which, limits);
     c.kernel = GemmKernel::kStream;
@@ -75,21 +91,6 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.stages = s.stages;
     c.warps = s.warps;
     c.k_split = s.k_split;
-    return c;
-  }
-  if (limits.wgmma && per_expert >= 48.0) {
-    // wgmma: 256 rows x 128 tokens per CTA (64 below 96 tokens per expert), 6 stages (the TMA
-    // producer runs ahead across items).
-    c.kernel = GemmKernel::kWgmma;
-    c.m_tiles = 2;
-    c.warps = kernels::WgmmaGemmLayout::kConsumerWarps;  // the 256 rows run on 8 consumer warps
-    c.k_split = 1;
-    c.n_tiles = per_expert >= 96.0 ? 16 : 8;
-    c.stages = 6;
-    while (c.stages > 3 &&
-           kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
-      --c.stages;
-    }
     return c;
   }
   // 256 rows x 64 tokens per CTA (32 tokens when experts see fewer than 48), as deep a

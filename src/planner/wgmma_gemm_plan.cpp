@@ -43,7 +43,7 @@ CandidateSpec make_spec(const WgmmaGemmConfig& c) {
   s.threads = WgmmaGemmLayout::threads(c);
   s.resource_key = {c.n_tiles};
   if (!compiled(c.n_tiles)) {
-    s.invalid = fmt::format("n_tiles = {} is not a compiled instance (8 or 16)", c.n_tiles);
+    s.invalid = fmt::format("n_tiles = {} is not a compiled instance (4, 8 or 16)", c.n_tiles);
   } else if (!WgmmaGemmLayout::valid(c)) {
     s.invalid = fmt::format("stages={}: the kernel takes 3..8 stages", c.stages);
   }

@@ -32,7 +32,7 @@ Plan wgmma_plan(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const Ar
 
 TEST(WgmmaGemmPlan, CandidatesAreTheCompiledTokenTilesTimesStagesWithTheLayoutsBytes) {
   const auto configs = planner::wgmma_gemm_candidates();
-  ASSERT_EQ(configs.size(), 2u * 6u);  // n_tiles 8, 16 x stages 3..8
+  ASSERT_EQ(configs.size(), 3u * 6u);  // n_tiles 4, 8, 16 x stages 3..8
   const auto p = wgmma_plan(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, arch_by_name("sm_90"));
   ASSERT_EQ(p.candidates.size(), configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
