@@ -203,28 +203,35 @@ struct WgmmaItems {
   }
 };
 
-template <int NT, StreamEpilogue EPI>
-__global__ void __launch_bounds__(384, 1)
+template <int NT, int CW, StreamEpilogue EPI>
+__global__ void __launch_bounds__((4 + CW) * 32, 1)
     fp4moe_wgmma_gemm(const StreamGemmArgs p, const __grid_constant__ CUtensorMap act_map, const int stages) {
 #if FP4MOE_WGMMA
   extern __shared__ __align__(128) std::uint8_t smem[];
   constexpr int kTokens = NT * 8;
-  constexpr WgmmaGemmConfig kShape{NT, 2};
+  constexpr WgmmaGemmConfig kShape{NT, 2, CW};
+  constexpr int kMB = 16 / CW;  // m64 blocks per consumer warpgroup: 2 (8 warps) or 1 (16 warps)
+  static_assert(CW == 8 || CW == 16);
+  // Registers per thread after setmaxnreg: the producer gives back what the consumers take. With
+  // 8 consumer warps (384 threads): 128 x 40 + 256 x 232 = 64512; with 16 (640 threads, launched
+  // at 96 each): 128 x 40 + 512 x 112 = 62464, of 65536.
+  constexpr int kProducerRegs = 40;
+  constexpr int kConsumerRegs = CW == 8 ? 232 : 112;
   constexpr int kActOff = WgmmaGemmLayout::act_offset(kShape);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int stage_bytes = WgmmaGemmLayout::stage_bytes({NT, stages});
+  const int stage_bytes = WgmmaGemmLayout::stage_bytes({NT, stages, CW});
   const std::uint32_t raw = smem_addr(smem);
   const std::uint32_t base =
       (raw + WgmmaGemmLayout::kAlign - 1) & ~static_cast<std::uint32_t>(WgmmaGemmLayout::kAlign - 1);
-  const std::uint32_t bars = base + WgmmaGemmLayout::barrier_offset({NT, stages});
+  const std::uint32_t bars = base + WgmmaGemmLayout::barrier_offset({NT, stages, CW});
   auto full_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes; };
   auto empty_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes + 8; };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full_bar(s), 1);
-      mbar_init(empty_bar(s), WgmmaGemmLayout::kEmptyArrivals);
+      mbar_init(empty_bar(s), WgmmaGemmLayout::empty_arrivals(kShape));
     }
     mbar_fence_init();
   }
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (warp < 4) {
     // Producer warpgroup: one thread issues every copy; the others have nothing to do.
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     int slot = 0;
     std::uint32_t phase = 0;
@@ -271,19 +278,19 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  setmaxnreg_inc<232>();
-  const int cw = warp - 4;  // consumer warp 0..7
-  const int wg = cw >> 2;   // consumer warpgroup: rows 128 wg ..
+  setmaxnreg_inc<kConsumerRegs>();
+  const int cw = warp - 4;  // consumer warp 0 .. CW-1
+  const int wg = cw >> 2;   // consumer warpgroup: m64 blocks kMB wg ..
   const int wi = cw & 3;    // warp within the warpgroup
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  // This warp's two tiles (rows 128 wg + 64 i + 16 wi) of the chunk in stage `st`, decoded for
+  // This warp's kMB tiles (rows 64 (kMB wg + i) + 16 wi) of the chunk in stage `st`, decoded for
   // the 4 k-steps.
-  auto decode = [&](std::uint32_t st, std::uint32_t(&a)[2][4][4]) {
+  auto decode = [&](std::uint32_t st, std::uint32_t(&a)[kMB][4][4]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int tile = wg * 8 + 4 * i + wi;
+    for (int i = 0; i < kMB; ++i) {
+      const int tile = wg * (4 * kMB) + 4 * i + wi;
       const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
       const uint4 wq = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
       const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
@@ -302,14 +309,14 @@ __global__ void __launch_bounds__(384, 1)
     }
   };
 
-  float acc[2][NT * 4];
-  auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[2][4][4]) {
+  float acc[kMB][NT * 4];
+  auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[kMB][4][4]) {
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const std::uint64_t desc = b_descriptor(st + kActOff + s * 32);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
+      for (int i = 0; i < kMB; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
     }
     wgmma_commit();
   };
@@ -332,13 +339,13 @@ __global__ void __launch_bounds__(384, 1)
   for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
     const WgmmaItem it = items.at(item);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kMB; ++i)
 #pragma unroll
       for (int q = 0; q < NT * 4; ++q) acc[i][q] = 0.0f;
 
     // Chunk c's wgmmas run on the tensor cores while the warp waits for, and decodes, chunk c + 1
     // into the other A set; chunk c - 1's stage is freed once its wgmmas are done (wait_group 1).
-    std::uint32_t a0[2][4][4], a1[2][4][4];
+    std::uint32_t a0[kMB][4][4], a1[kMB][4][4];
     int cur = next_stage();
     decode(base + cur * stage_bytes, a0);
     int prev = -1;
@@ -361,13 +368,13 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_wait_all();
     release(prev);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) keep_in_registers(acc[i]);
+    for (int i = 0; i < kMB; ++i) keep_in_registers(acc[i]);
 
       // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
       // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int tile = it.group0 * 4 + wg * 8 + 4 * i + wi;  // 16-row tile within the expert
+    for (int i = 0; i < kMB; ++i) {
+      const int tile = it.group0 * 4 + wg * (4 * kMB) + 4 * i + wi;  // 16-row tile within the expert
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -386,30 +393,35 @@ namespace {
 
 using WgmmaKernelFn = void (*)(const StreamGemmArgs, const CUtensorMap, const int);
 
-template <int NT>
+template <int NT, int CW>
 WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
   switch (epi) {
     case StreamEpilogue::kSwiGLU:
-      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLU>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLU>;
     case StreamEpilogue::kSwiGLUClamped:
-      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kSwiGLUClamped>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLUClamped>;
     case StreamEpilogue::kStoreF32:
-      return fp4moe_wgmma_gemm<NT, StreamEpilogue::kStoreF32>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kStoreF32>;
   }
   return nullptr;
 }
 
-WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi) {
-  switch (c.n_tiles) {
-    case 4:
-      return wgmma_pick_epilogue<4>(epi);
-    case 8:
-      return wgmma_pick_epilogue<8>(epi);
-    case 16:
-      return wgmma_pick_epilogue<16>(epi);
-    default:
-      return nullptr;
+// Exactly the instances of kWgmmaShapes.
+template <std::size_t I = 0>
+WgmmaKernelFn wgmma_kernel_at(const WgmmaGemmConfig& c, StreamEpilogue epi) {
+  if constexpr (I == sizeof(kWgmmaShapes) / sizeof(kWgmmaShapes[0])) {
+    return nullptr;
+  } else {
+    constexpr WgmmaShape s = kWgmmaShapes[I];
+    if (c.n_tiles == s.n_tiles && c.consumer_warps == s.consumer_warps) {
+      return wgmma_pick_epilogue<s.n_tiles, s.consumer_warps>(epi);
+    }
+    return wgmma_kernel_at<I + 1>(c, epi);
   }
+}
+
+WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi) {
+  return wgmma_kernel_at(c, epi);
 }
 
 // k-permuted gather: out[s][permuted_k(k)] = x[slot_token[s]][k], rows padded to k_padded with
@@ -441,7 +453,7 @@ bool wgmma_supported() {
   cudaFuncAttributes fa{};
   // The kernel has a body only in the sm_90a image; elsewhere it is compiled empty.
   return major == 9 && minor == 0 &&
-         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, StreamEpilogue::kStoreF32>) == cudaSuccess &&
+         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreF32>) == cudaSuccess &&
          fa.numRegs > 16;
 }
 

@@ -28,23 +28,27 @@ namespace fp4moe::kernels {
 struct WgmmaGemmConfig {
   int n_tiles = 16;  // 8-token tiles per item: 4 (32 tokens), 8 (64 tokens) or 16 (128 tokens)
   int stages = 4;
+  // Consumer warps: 8 (two warpgroups, 128 rows and two m64 blocks each) or 16 (four
+  // warpgroups, 64 rows each: twice the warps to hide the decode's latency, half the
+  // accumulators per thread).
+  int consumer_warps = 8;
 
   constexpr bool operator==(const WgmmaGemmConfig& o) const {
-    return n_tiles == o.n_tiles && stages == o.stages;
+    return n_tiles == o.n_tiles && stages == o.stages && consumer_warps == o.consumer_warps;
   }
 };
 
-// The n_tiles template instances compiled into the library (wgmma_kernel_for in wgmma_gemm.cu
-// switches over exactly these); stages is a launch-time value. The planner and the launcher
-// read this one list.
-inline constexpr int kWgmmaTileNs[] = {4, 8, 16};
+// The (n_tiles, consumer_warps) template instances compiled into the library (wgmma_kernel_for
+// in wgmma_gemm.cu switches over exactly these); stages is a launch-time value. The planner and
+// the launcher read this one list.
+struct WgmmaShape {
+  int n_tiles;
+  int consumer_warps;
+};
+inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 16}, {8, 8}, {8, 16}, {16, 8}};  // 16 x 16 would spill
 
 struct WgmmaGemmLayout {
-  static constexpr int kWarps = 12;  // one producer warpgroup, two consumer warpgroups
-  static constexpr int kConsumerWarps = 8;
-  // Arrivals that free a stage: every consumer thread, since an arrive releases only the
-  // arriving thread's own reads of the stage (PTX memory model).
-  static constexpr int kEmptyArrivals = kConsumerWarps * 32;
+  static constexpr int kProducerWarps = 4;  // one warpgroup (one thread of it issues the copies)
   static constexpr int kBarrierBytes = 16;  // per stage: full + empty mbarrier
   static constexpr int kRows = 256;
   static constexpr int kGroups = 4;
@@ -67,10 +71,19 @@ struct WgmmaGemmLayout {
   static constexpr std::int64_t cta_bytes(const WgmmaGemmConfig& c) {
     return static_cast<std::int64_t>(barrier_offset(c)) + c.stages * kBarrierBytes + kAlign;
   }
-  static constexpr int threads(const WgmmaGemmConfig&) { return kWarps * 32; }
+  static constexpr int threads(const WgmmaGemmConfig& c) { return (kProducerWarps + c.consumer_warps) * 32; }
+  // Arrivals that free a stage: every consumer thread, since an arrive releases only the
+  // arriving thread's own reads of the stage (PTX memory model).
+  static constexpr int empty_arrivals(const WgmmaGemmConfig& c) { return c.consumer_warps * 32; }
+  static constexpr bool compiled(const WgmmaGemmConfig& c) {
+    for (const WgmmaShape& s : kWgmmaShapes) {
+      if (s.n_tiles == c.n_tiles && s.consumer_warps == c.consumer_warps) return true;
+    }
+    return false;
+  }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
     // 3+: the consumers hold two stages (the chunk in the tensor cores and the one decoded next)
-    return (c.n_tiles == 4 || c.n_tiles == 8 || c.n_tiles == 16) && c.stages >= 3 && c.stages <= 8;
+    return compiled(c) && c.stages >= 3 && c.stages <= 8;
   }
 };
 

@@ -73,9 +73,11 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
   if (limits.wgmma && per_expert >= 6.0) {
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
-    c.warps = kernels::WgmmaGemmLayout::kConsumerWarps;  // the 256 rows run on 8 consumer warps
     c.k_split = 1;
     c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 40.0 ? 8 : 4);
+    // The smaller token blocks are bound by the decode's latency: 16 consumer warps (64 rows
+    // each) hide it better; 128-token blocks need 8 warps' registers for their accumulators.
+    c.warps = c.n_tiles == 16 ? 8 : 16;
     c.stages = 8;  // the TMA producer runs ahead across items: as deep a ring as fits
     while (c.stages > 3 &&
            kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
@@ -117,7 +119,7 @@ kernels::TileGemmConfig tile_config(const GemmChoice& c) {
   return {c.m_tiles, c.n_tiles, c.warps, c.stages};
 }
 kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c) {
-  return {c.n_tiles, c.stages};
+  return {c.n_tiles, c.stages, c.warps};
 }
 
 std::int64_t smem_bytes(const GemmChoice& c) {
@@ -148,9 +150,9 @@ std::string GemmChoice::to_string() const {
   if (kernel == GemmKernel::kStream) return gpu::to_string(gpu::stream_config(*this));
   if (kernel == GemmKernel::kWgmma) {
     return fmt::format(
-        "wgmma n{} (256 rows x {} tokens per CTA, TMA producer + two consumer warpgroups), {} "
-        "stages, {} B smem",
-        n_tiles, token_block(), stages, gpu::smem_bytes(*this));
+        "wgmma n{} w{} (256 rows x {} tokens per CTA, TMA producer + {} consumer warps), {} stages, {} B "
+        "smem",
+        n_tiles, warps, token_block(), warps, stages, gpu::smem_bytes(*this));
   }
   return fmt::format("tile m{}xn{} ({} rows x {} tokens per CTA), {} stages, {} warps, {} B smem", m_tiles,
                      n_tiles, rows_per_item(), token_block(), stages, warps, gpu::smem_bytes(*this));

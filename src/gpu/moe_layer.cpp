@@ -201,9 +201,10 @@ struct MoeLayer::Impl {
             {planner::tile_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
       }
       if (!limits.wgmma) continue;  // not on this device or not in this build: the planner refuses it
-      for (const int n_tiles : kernels::kWgmmaTileNs) {
-        FP4MOE_CUDA_CHECK(kernels::wgmma_gemm_setup({n_tiles, 3}, epi, &attr));
-        measured.kernels.push_back({planner::wgmma_gemm_kernel_key(n_tiles, e), sm, attr.registers, 0, 0});
+      for (const auto& shape : kernels::kWgmmaShapes) {
+        FP4MOE_CUDA_CHECK(kernels::wgmma_gemm_setup({shape.n_tiles, 3, shape.consumer_warps}, epi, &attr));
+        measured.kernels.push_back({planner::wgmma_gemm_kernel_key(shape.n_tiles, shape.consumer_warps, e),
+                                    sm, attr.registers, 0, 0});
       }
     }
   }

@@ -43,13 +43,11 @@ Judged judge_choice(const GemmChoice& c, const GemmProblem& problem, const ArchI
       break;
     case GemmKernel::kWgmma:
       j.family = &planner::wgmma_gemm_family();
-      spec = planner::wgmma_gemm_spec({c.n_tiles, c.stages}, problem);
-      if (spec.invalid.empty() && (c.m_tiles != 2 || c.warps != 8 || c.k_split != 1)) {
+      spec = planner::wgmma_gemm_spec({c.n_tiles, c.stages, c.warps}, problem);
+      if (spec.invalid.empty() && (c.m_tiles != 2 || c.k_split != 1)) {
         spec.invalid = fmt::format(
-            "m_tiles={} warps={} k_split={}: the wgmma kernel runs 256 rows on 8 (consumer) warps without a "
-            "K split "
-            "(2, 8, 1)",
-            c.m_tiles, c.warps, c.k_split);
+            "m_tiles={} k_split={}: the wgmma kernel runs 256 rows (m_tiles 2) without a K split (k_split 1)",
+            c.m_tiles, c.k_split);
       }
       break;
   }
@@ -111,7 +109,7 @@ std::string gemm_choice_label(const GemmChoice& c) {
     case GemmKernel::kTile:
       return planner::tile_gemm_label({c.m_tiles, c.n_tiles, c.warps, c.stages});
     case GemmKernel::kWgmma:
-      return planner::wgmma_gemm_label({c.n_tiles, c.stages});
+      return planner::wgmma_gemm_label({c.n_tiles, c.stages, c.warps});
     case GemmKernel::kStream:
       break;
   }
@@ -119,8 +117,10 @@ std::string gemm_choice_label(const GemmChoice& c) {
 }
 
 GemmChoice choice_of_candidate(const CandidateVerdict& c) {
-  // The wgmma kernel's rows (2 x 16 per warp), warps and K split are fixed.
-  if (c.family == "wgmma-gemm") return {GemmKernel::kWgmma, 2, param(c, "n_tiles"), param(c, "stages"), 8, 1};
+  // The wgmma kernel's rows (256: m_tiles 2) and K split (none) are fixed; warps are its consumer warps.
+  if (c.family == "wgmma-gemm") {
+    return {GemmKernel::kWgmma, 2, param(c, "n_tiles"), param(c, "stages"), param(c, "consumer_warps"), 1};
+  }
   GemmChoice g;
   if (c.family == "stream-gemm") {
     g.kernel = GemmKernel::kStream;

@@ -23,27 +23,29 @@ int param(const CandidateSpec& spec, std::string_view name) {
 }
 
 WgmmaGemmConfig config_of(const CandidateSpec& spec) {
-  return {param(spec, "n_tiles"), param(spec, "stages")};
+  return {param(spec, "n_tiles"), param(spec, "stages"), param(spec, "consumer_warps")};
 }
 
-bool compiled(int n_tiles) {
-  for (const int n : kernels::kWgmmaTileNs) {
-    if (n == n_tiles) return true;
+std::string compiled_shapes() {
+  std::string s;
+  for (const auto& c : kernels::kWgmmaShapes) {
+    s += fmt::format("{}n{} w{}", s.empty() ? "" : ", ", c.n_tiles, c.consumer_warps);
   }
-  return false;
+  return s;
 }
 
 CandidateSpec make_spec(const WgmmaGemmConfig& c) {
   CandidateSpec s;
   s.label = wgmma_gemm_label(c);
-  s.params = {{"n_tiles", c.n_tiles}, {"stages", c.stages}};
+  s.params = {{"n_tiles", c.n_tiles}, {"stages", c.stages}, {"consumer_warps", c.consumer_warps}};
   s.dynamic_smem_bytes = WgmmaGemmLayout::cta_bytes(c);
   s.smem_how = fmt::format("{} stages x {} B + {} B alignment", c.stages, WgmmaGemmLayout::stage_bytes(c),
                            WgmmaGemmLayout::kAlign);
   s.threads = WgmmaGemmLayout::threads(c);
-  s.resource_key = {c.n_tiles};
-  if (!compiled(c.n_tiles)) {
-    s.invalid = fmt::format("n_tiles = {} is not a compiled instance (4, 8 or 16)", c.n_tiles);
+  s.resource_key = {c.n_tiles, c.consumer_warps};
+  if (!WgmmaGemmLayout::compiled(c)) {
+    s.invalid = fmt::format("n{} w{} is not a compiled instance ({})", c.n_tiles, c.consumer_warps,
+                            compiled_shapes());
   } else if (!WgmmaGemmLayout::valid(c)) {
     s.invalid = fmt::format("stages={}: the kernel takes 3..8 stages", c.stages);
   }
@@ -68,8 +70,9 @@ class WgmmaGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    const auto v = parse_config_fields(config, "ns", "wgmma-gemm", "n<n_tiles> s<stages>", "n16 s4");
-    return make_spec({v[0], v[1]});
+    const auto v = parse_config_fields(config, "nsw", "wgmma-gemm", "n<n_tiles> s<stages> w<consumer warps>",
+                                       "n16 s4 w8");
+    return make_spec({v[0], v[1], v[2]});
   }
 
   std::vector<ByteTerm> smem_terms(const CandidateSpec& spec) const override {
@@ -119,9 +122,9 @@ class WgmmaGemmFamily final : public KernelFamily {
 
 std::vector<WgmmaGemmConfig> wgmma_gemm_candidates() {
   std::vector<WgmmaGemmConfig> out;
-  for (const int n : kernels::kWgmmaTileNs) {
+  for (const auto& shape : kernels::kWgmmaShapes) {
     for (int stages = kWgmmaGemmStagesMin; stages <= kWgmmaGemmStagesMax; ++stages) {
-      const WgmmaGemmConfig c{n, stages};
+      const WgmmaGemmConfig c{shape.n_tiles, stages, shape.consumer_warps};
       if (WgmmaGemmLayout::valid(c)) out.push_back(c);
     }
   }
@@ -129,11 +132,11 @@ std::vector<WgmmaGemmConfig> wgmma_gemm_candidates() {
 }
 
 std::string wgmma_gemm_label(const WgmmaGemmConfig& c) {
-  return fmt::format("n{} s{}", c.n_tiles, c.stages);
+  return fmt::format("n{} s{} w{}", c.n_tiles, c.stages, c.consumer_warps);
 }
 
-std::string wgmma_gemm_kernel_key(int n_tiles, int epilogue) {
-  return fmt::format("fp4moe_wgmma_gemm<{}, {}>", n_tiles, epilogue);
+std::string wgmma_gemm_kernel_key(int n_tiles, int consumer_warps, int epilogue) {
+  return fmt::format("fp4moe_wgmma_gemm<{}, {}, {}>", n_tiles, consumer_warps, epilogue);
 }
 
 CandidateSpec wgmma_gemm_spec(const WgmmaGemmConfig& config, const GemmProblem& problem) {

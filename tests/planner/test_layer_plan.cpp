@@ -252,7 +252,7 @@ TEST(LayerPlan, EveryCandidateConvertsToAChoiceAndBack) {
   other.family = "cutlass-grouped";
   EXPECT_THAT(error_of([&] { choice_of_candidate(other); }), HasSubstr("not one the layer runs"));
   EXPECT_EQ(choice_of_candidate(plan.plans[2].candidates[0]),
-            (GemmChoice{GemmKernel::kWgmma, 2, 4, 3, 8, 1}));  // the first candidate: n4 s3
+            (GemmChoice{GemmKernel::kWgmma, 2, 4, 3, 16, 1}));  // the first candidate: n4 s3 w16
   EXPECT_EQ(pick_source_name(PickSource::kCheapest), "the planner's cheapest feasible candidate");
 }
 

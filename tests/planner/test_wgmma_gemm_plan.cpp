@@ -32,18 +32,19 @@ Plan wgmma_plan(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const Ar
 
 TEST(WgmmaGemmPlan, CandidatesAreTheCompiledTokenTilesTimesStagesWithTheLayoutsBytes) {
   const auto configs = planner::wgmma_gemm_candidates();
-  ASSERT_EQ(configs.size(), 3u * 6u);  // n_tiles 4, 8, 16 x stages 3..8
+  ASSERT_EQ(configs.size(), 4u * 6u);  // n4 w16, n8 w8, n8 w16, n16 w8 x stages 3..8
   const auto p = wgmma_plan(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, arch_by_name("sm_90"));
   ASSERT_EQ(p.candidates.size(), configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     EXPECT_EQ(p.candidates[i].dynamic_smem_bytes, WgmmaGemmLayout::cta_bytes(configs[i])) << i;
-    EXPECT_EQ(p.candidates[i].threads, 384) << i;  // producer + two consumer warpgroups
+    // a producer warpgroup + the consumer warps
+    EXPECT_EQ(p.candidates[i].threads, 128 + 32 * configs[i].consumer_warps) << i;
     EXPECT_EQ(p.candidates[i].label, planner::wgmma_gemm_label(configs[i])) << i;
     // n16 s8: 8 x (9216 + 16384 + 16) + 1024 = 205952 B fits Hopper's 232448.
     EXPECT_TRUE(p.candidates[i].feasible) << p.candidates[i].label << ": " << p.candidates[i].reason;
   }
-  EXPECT_EQ(planner::wgmma_gemm_label({16, 4}), "n16 s4");
-  EXPECT_EQ(planner::wgmma_gemm_kernel_key(16, 2), "fp4moe_wgmma_gemm<16, 2>");
+  EXPECT_EQ(planner::wgmma_gemm_label({16, 4, 8}), "n16 s4 w8");
+  EXPECT_EQ(planner::wgmma_gemm_kernel_key(16, 8, 2), "fp4moe_wgmma_gemm<16, 8, 2>");
 }
 
 TEST(WgmmaGemmPlan, OnlySm90RunsIt) {
@@ -62,7 +63,7 @@ TEST(WgmmaGemmPlan, OnlySm90RunsIt) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kUnsupported);
-    EXPECT_THAT(e.what(), HasSubstr("wgmma-gemm n16 s4 (test, forced by the caller) is rejected"));
+    EXPECT_THAT(e.what(), HasSubstr("wgmma-gemm n16 s4 w8 (test, forced by the caller) is rejected"));
   }
 }
 
@@ -86,18 +87,19 @@ TEST(WgmmaGemmPlan, FixedRowsWarpsAndNoKSplit) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-    EXPECT_THAT(
-        e.what(),
-        HasSubstr("m_tiles=4 warps=8 k_split=1: the wgmma kernel runs 256 rows on 8 (consumer) warps"));
+    EXPECT_THAT(e.what(), HasSubstr("m_tiles=4 k_split=1: the wgmma kernel runs 256 rows (m_tiles 2)"));
   }
-  EXPECT_THAT(explain_kernel("wgmma-gemm", "n32 s4", a).verdict.reason,
-              HasSubstr("n_tiles = 32 is not a compiled"));
-  EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s2", a).verdict.reason, HasSubstr("3..8 stages"));
+  EXPECT_THAT(explain_kernel("wgmma-gemm", "n32 s4 w8", a).verdict.reason,
+              HasSubstr("n32 w8 is not a compiled instance (n4 w16, n8 w8, n8 w16, n16 w8)"));
+  EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s4 w16", a).verdict.reason,
+              HasSubstr("n16 w16 is not a compiled instance"));
+  EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s2 w8", a).verdict.reason, HasSubstr("3..8 stages"));
   try {
     explain_kernel("wgmma-gemm", "m2 n16 s4", a);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("wgmma-gemm config 'm2 n16 s4' is not 'n<n_tiles> s<stages>'"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("wgmma-gemm config 'm2 n16 s4' is not 'n<n_tiles> s<stages> w<consumer warps>'"));
   }
 }
 
@@ -139,10 +141,10 @@ TEST(WgmmaGemmCost, TheFirstGemmAlsoMovesThePermutedCopyOfX) {
 }
 
 TEST(WgmmaGemmExplain, BreakdownAddsUpToTheLayout) {
-  const auto e = explain_kernel("wgmma-gemm", "n16 s4", arch_by_name("sm_90"), &kNoResources);
+  const auto e = explain_kernel("wgmma-gemm", "n16 s4 w8", arch_by_name("sm_90"), &kNoResources);
   std::int64_t sum = 0;
   for (const auto& t : e.smem_terms) sum += t.bytes;
-  EXPECT_EQ(sum, WgmmaGemmLayout::cta_bytes({16, 4}));
+  EXPECT_EQ(sum, WgmmaGemmLayout::cta_bytes({16, 4, 8}));
   EXPECT_EQ(sum, 4 * 25600 + 4 * 16 + 1024);  // stages, mbarriers, alignment slack
   EXPECT_TRUE(e.verdict.feasible);
 }

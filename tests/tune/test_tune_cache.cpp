@@ -152,7 +152,7 @@ TEST(TuneCache, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(j.at("entries")[0].at("gate_up").at("label"), "m4 n2 k2 s3 w8");
   EXPECT_EQ(j.at("entries")[1].at("down").at("kernel"), "tile");
   EXPECT_EQ(j.at("entries")[2].at("gate_up").at("kernel"), "wgmma");
-  EXPECT_EQ(j.at("entries")[2].at("gate_up").at("label"), "n16 s4");
+  EXPECT_EQ(j.at("entries")[2].at("gate_up").at("label"), "n16 s4 w8");
 }
 
 TEST(TuneCache, WriteThenReadThroughANewDirectory) {
