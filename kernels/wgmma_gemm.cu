@@ -212,11 +212,8 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   constexpr WgmmaGemmConfig kShape{NT, 2, CW};
   constexpr int kMB = 16 / CW;  // m64 blocks per consumer warpgroup: 2 (8 warps) or 1 (16 warps)
   static_assert(CW == 8 || CW == 16);
-  // Registers per thread after setmaxnreg: the producer gives back what the consumers take. With
-  // 8 consumer warps (384 threads): 128 x 40 + 256 x 232 = 64512; with 16 (640 threads, launched
-  // at 96 each): 128 x 40 + 512 x 112 = 62464, of 65536.
-  constexpr int kProducerRegs = 40;
-  constexpr int kConsumerRegs = CW == 8 ? 232 : 112;
+  constexpr int kProducerRegs = WgmmaGemmLayout::kProducerRegs;
+  constexpr int kConsumerRegs = WgmmaGemmLayout::consumer_regs(kShape);
   constexpr int kActOff = WgmmaGemmLayout::act_offset(kShape);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -462,8 +459,18 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  return setup_kernel(fn, WgmmaGemmLayout::threads(config),
-                      static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), attributes);
+  KernelAttributes a{};
+  const cudaError_t err = setup_kernel(fn, WgmmaGemmLayout::threads(config),
+                                       static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), &a);
+  if (err != cudaSuccess) return err;
+  // setmaxnreg redistributes the CTA's own registers: a launch count below what the warpgroups
+  // ask for would hang the consumers' setmaxnreg.inc, so refuse the config instead.
+  if (static_cast<std::int64_t>(a.registers) * WgmmaGemmLayout::threads(config) <
+      WgmmaGemmLayout::register_demand(config)) {
+    return cudaErrorInvalidConfiguration;
+  }
+  if (attributes != nullptr) *attributes = a;
+  return cudaSuccess;
 }
 
 namespace {

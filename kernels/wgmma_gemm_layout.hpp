@@ -72,6 +72,17 @@ struct WgmmaGemmLayout {
     return static_cast<std::int64_t>(barrier_offset(c)) + c.stages * kBarrierBytes + kAlign;
   }
   static constexpr int threads(const WgmmaGemmConfig& c) { return (kProducerWarps + c.consumer_warps) * 32; }
+  // Registers per thread after setmaxnreg. NOTE: the pool is the CTA's own allocation (threads x
+  // the count the kernel was compiled to), not the SM's register file: setmaxnreg.inc waits
+  // forever for registers the producer did not give back. 8 consumer warps, compiled to 168:
+  // 128 x 40 + 256 x 232 = 64512 = 384 x 168; 16 consumer warps, compiled to 96:
+  // 128 x 40 + 512 x 104 = 58368 <= 640 x 96.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 232 : 104; }
+  static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c) {
+    return static_cast<std::int64_t>(kProducerWarps) * 32 * kProducerRegs +
+           static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c);
+  }
   // Arrivals that free a stage: every consumer thread, since an arrive releases only the
   // arriving thread's own reads of the stage (PTX memory model).
   static constexpr int empty_arrivals(const WgmmaGemmConfig& c) { return c.consumer_warps * 32; }

@@ -14,6 +14,7 @@
 # the bench after it uses it),
 # FP4MOE_PROFILE_ARGS / _KERNELS / _SECTIONS / _METRICS / _COUNT / _LINES (the ncu step: bench
 # arguments, kernel-name regex, extra sections, metrics, launches to profile, lines shown),
+# FP4MOE_STEP_TIMEOUT (seconds each step may run, default 300; a timeout fails the step),
 # FP4MOE_COMMIT (the commit to report when the tree has no .git). At most 8 files are written.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,8 @@ build=${FP4MOE_BUILD_DIR:-/tmp/fp4moe-build}
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
+# A hung kernel must not eat the machine's time: every step after the build has a limit.
+step_limit=${FP4MOE_STEP_TIMEOUT:-300}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/summary.txt"
 
@@ -59,7 +62,7 @@ fi
 if has gpu; then
   log "GPU tests"
   start=$(date +%s)
-  if "$build/tests/fp4moe_gpu_tests" --gtest_filter="${FP4MOE_GPU_FILTER:-*}" \
+  if timeout "$step_limit" "$build/tests/fp4moe_gpu_tests" --gtest_filter="${FP4MOE_GPU_FILTER:-*}" \
        --gtest_output=json:"$OUT/gpu-tests.json" >> "$OUT/tests.log" 2>&1; then
     log "GPU tests ok in $(( $(date +%s) - start )) s"
   else
@@ -71,7 +74,7 @@ if has sanitize; then
   small='GpuMoeLayer.SmallestLegalShapesAndKTail:GpuMoeLayer.SigmoidGroupRouterWithSharedExpert:GpuMoeLayer.GptOssStyleMxfp4ClampedSwigluWithBiases:GpuMoeLayer.EveryCompiledTileConfigIsCorrect:GpuMoeLayer.EveryWgmmaConfigIsCorrect'
   for tool in memcheck racecheck synccheck; do
     log "compute-sanitizer $tool"
-    if compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/fp4moe_gpu_tests" \
+    if timeout "$step_limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/fp4moe_gpu_tests" \
          --gtest_filter="$small" > /tmp/sanitizer-$tool.log 2>&1; then
       log "$tool clean: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' /tmp/sanitizer-$tool.log | tail -1)"
     else
@@ -85,7 +88,7 @@ if has tune; then
   log "tune"
   export FP4MOE_TUNE_CACHE=/tmp/fp4moe-tune.json
   # shellcheck disable=SC2086
-  "$build/fp4moe" tune ${FP4MOE_TUNE_ARGS:---shape glm5 --tokens 1,4096 --quick} > "$OUT/tune.txt" 2>&1 || {
+  timeout "$step_limit" "$build/fp4moe" tune ${FP4MOE_TUNE_ARGS:---shape glm5 --tokens 1,4096 --quick} > "$OUT/tune.txt" 2>&1 || {
     log "TUNE FAILED"; status=1; }
   tail -15 "$OUT/tune.txt"
 fi
@@ -93,7 +96,7 @@ fi
 if has bench; then
   log "bench"
   # shellcheck disable=SC2086
-  "$build/fp4moe" bench --json "$OUT/bench.json" ${FP4MOE_BENCH_ARGS:-} > "$OUT/bench.txt" 2> /tmp/bench.err || {
+  timeout "$step_limit" "$build/fp4moe" bench --json "$OUT/bench.json" ${FP4MOE_BENCH_ARGS:-} > "$OUT/bench.txt" 2> /tmp/bench.err || {
     log "BENCH FAILED"; tail -20 /tmp/bench.err; status=1; }
   cat "$OUT/bench.txt"
 fi
