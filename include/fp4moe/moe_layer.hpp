@@ -55,7 +55,12 @@ struct GemmChoice {
 
   bool operator==(const GemmChoice&) const = default;
   int token_block() const { return 8 * n_tiles; }
-  int rows_per_item() const { return kernel == GemmKernel::kStream ? m_tiles * 16 : warps * m_tiles * 16; }
+  // Weight rows one work item covers: stream m_tiles x 16; tile warps x m_tiles x 16; wgmma always
+  // 256 (its warps are consumer warps: 8 cover 128 rows each two m64 blocks, 16 one each).
+  int rows_per_item() const {
+    if (kernel == GemmKernel::kStream) return m_tiles * 16;
+    return kernel == GemmKernel::kWgmma ? 256 : warps * m_tiles * 16;
+  }
   std::string to_string() const;
 };
 

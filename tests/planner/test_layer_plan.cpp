@@ -82,6 +82,21 @@ TEST(LayerPlan, DecodeStreamsPrefillRunsWgmmaOnSm90AndTilesElsewhere) {
   }
 }
 
+TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
+  // The layer cuts each expert's rows into items of rows_per_item(): the wgmma kernel covers 256
+  // rows with 8 or 16 consumer warps alike (a 16-warp count once doubled it and skipped rows).
+  for (const int warps : {8, 16}) {
+    EXPECT_EQ((GemmChoice{GemmKernel::kWgmma, 2, 4, 3, warps, 1}).rows_per_item(), 256) << warps;
+  }
+  EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8, 1}).rows_per_item(), 256);
+  EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}).rows_per_item(), 64);
+  // At T=256 on sm_90 the dispatcher now takes the 32-token wgmma kernel on 16 warps.
+  const GemmChoice c = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
+  EXPECT_EQ(c.kernel, GemmKernel::kWgmma);
+  EXPECT_EQ(c.n_tiles, 4);
+  EXPECT_EQ(c.warps, 16);
+}
+
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
   const auto& a = arch_by_name("sm_90");
   // 256 registers per thread (more than the 255 a thread may have) for every stream instance of
