@@ -74,10 +74,10 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
     c.k_split = 1;
-    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 40.0 ? 8 : 4);
-    // The smaller token blocks are bound by the decode's latency: 16 consumer warps (64 rows
-    // each) hide it better; 128-token blocks need 8 warps' registers for their accumulators.
-    c.warps = c.n_tiles == 16 ? 8 : 16;
+    // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
+    // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert).
+    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
+    c.warps = 8;   // consumer warps
     c.stages = 8;  // the TMA producer runs ahead across items: as deep a ring as fits
     while (c.stages > 3 &&
            kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
