@@ -3,8 +3,9 @@ execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${SRC}
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 execute_process(COMMAND git status --porcelain --untracked-files=no WORKING_DIRECTORY ${SRC}
                 OUTPUT_VARIABLE dirty OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-if(NOT commit AND DEFINED ENV{FP4MOE_COMMIT})
-  # A copy of the tree without .git (the GPU machine's) is told its commit by the caller.
+if(DEFINED ENV{FP4MOE_COMMIT} AND NOT "$ENV{FP4MOE_COMMIT}" STREQUAL "")
+  # A copy of the tree (the GPU machine's) is told its commit by the caller: its .git, where it
+  # has one, can be stale.
   set(commit "$ENV{FP4MOE_COMMIT}")
 elseif(NOT commit)
   set(commit "unknown")

@@ -15,7 +15,8 @@
 # FP4MOE_PROFILE_ARGS / _KERNELS / _SECTIONS / _METRICS / _COUNT / _LINES (the ncu step: bench
 # arguments, kernel-name regex, extra sections, metrics, launches to profile, lines shown),
 # FP4MOE_STEP_TIMEOUT (seconds each step may run, default 300; a timeout fails the step),
-# FP4MOE_COMMIT (the commit to report when the tree has no .git). At most 8 files are written.
+# FP4MOE_COMMIT (the commit the build reports; the copy's own .git may be stale). At most 8 files
+# are written.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
