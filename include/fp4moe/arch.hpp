@@ -61,6 +61,10 @@ struct ArchInfo {
   // Dense BF16 rate of wgmma (sm_90 only; 0 elsewhere), TFLOP/s: the datasheet peak, estimated.
   // Scaled with the device's SM count.
   double wgmma_bf16_tflops = 0;
+  // E2M1 values one SM's prefill kernel widens to BF16 per ns (the decode, with the block scale,
+  // into the MMA's registers). Measured on an H200 for the wgmma kernel with 8 consumer warps
+  // (a 256 x 64 chunk in ~0.5 us whatever the token block); assumed for every architecture.
+  double decode_values_per_ns_per_sm = 0;
 
   std::string source = "table";    // "table" or "device 0 (NVIDIA H200)"
   std::vector<std::string> notes;  // where the device disagreed with the table, and how figures were set

@@ -17,6 +17,7 @@ namespace {
 // bandwidth (3x DRAM) and the loaded memory latency (700 ns) are estimates: see docs/PLANNER.md.
 constexpr double kL2OverDram = 3.0;
 constexpr double kLatencyNs = 700.0;
+constexpr double kDecodeValuesPerNs = 32.8;  // per SM: 16384 values per 0.5 us (H200, f76abf9)
 
 ArchInfo make(std::string name, int sm, std::string gpu, std::int64_t optin, std::int64_t per_sm,
               int threads_per_sm, int blocks_per_sm, int sm_count, double dram_gbs, double mma_tflops) {
@@ -32,6 +33,7 @@ ArchInfo make(std::string name, int sm, std::string gpu, std::int64_t optin, std
   a.dram_bandwidth_gbs = dram_gbs;
   a.l2_bandwidth_gbs = dram_gbs * kL2OverDram;
   a.memory_latency_ns = kLatencyNs;
+  a.decode_values_per_ns_per_sm = kDecodeValuesPerNs;
   a.mma_sync_bf16_tflops = mma_tflops;
   a.mma_sync_bf16 = true;
   return a;
@@ -134,9 +136,11 @@ std::string ArchInfo::to_string() const {
                    clusters ? "yes" : "no", tma_multicast ? "yes" : "no");
   s += fmt::format(
       "  {} SMs, DRAM {:.0f} GB/s, L2 {:.0f} GB/s (estimated), memory latency {:.0f} ns (estimated), "
-      "mma.sync BF16 {:.0f} TFLOP/s (estimated){}\n",
+      "mma.sync BF16 {:.0f} TFLOP/s (estimated){}, E2M1 decode {:.1f} values/ns per SM (measured on an "
+      "H200)\n",
       sm_count, dram_bandwidth_gbs, l2_bandwidth_gbs, memory_latency_ns, mma_sync_bf16_tflops,
-      wgmma ? fmt::format(", wgmma BF16 {:.0f} TFLOP/s (estimated)", wgmma_bf16_tflops) : "");
+      wgmma ? fmt::format(", wgmma BF16 {:.0f} TFLOP/s (estimated)", wgmma_bf16_tflops) : "",
+      decode_values_per_ns_per_sm);
   for (const auto& n : notes) s += "  note: " + n + "\n";
   return s;
 }

@@ -135,11 +135,12 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
                       out_bytes + shape.extra_dram_bytes;
   // Items go to the resident CTAs in waves. A wave of b busy CTAs takes the longest of its DRAM
   // bytes, its L2->SM bytes, one CTA's chunks at the latency-bound rate of its ring (`stages`
-  // chunks per memory latency), and its mma work at the family's rate (b CTAs spread over the
-  // SMs, ceil(b / SMs) on the busiest).
+  // chunks per memory latency), its mma work at the family's rate and its weight decode at the
+  // SM's decode rate (b CTAs spread over the SMs, ceil(b / SMs) on the busiest).
+  const double item_values = rows * chunks * kChunkK;
   const double resident = static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm;
   struct Wave {
-    double t_dram, t_l2, t_latency, t_compute, t;
+    double t_dram, t_l2, t_latency, t_compute, t_decode, t;
   };
   const auto wave = [&](double busy) {
     Wave w{};
@@ -148,7 +149,10 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
     w.t_latency = chunks * arch.memory_latency_ns * 1e-3 / shape.stages;
     w.t_compute = std::ceil(busy / arch.sm_count) * arch.sm_count * item_flops /
                   (shape.tflops * 1e6);  // FLOPs / (TFLOP/s) in us
-    w.t = std::max({w.t_dram, w.t_l2, w.t_latency, w.t_compute});
+    w.t_decode = arch.decode_values_per_ns_per_sm > 0 ? std::ceil(busy / arch.sm_count) * item_values /
+                                                            (arch.decode_values_per_ns_per_sm * 1e3)
+                                                      : 0.0;  // values / (values per ns) in us
+    w.t = std::max({w.t_dram, w.t_l2, w.t_latency, w.t_compute, w.t_decode});
     return w;
   };
   const double full_waves = std::floor(items / resident);
@@ -158,15 +162,16 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
   const char* bound = first.t == first.t_dram      ? "DRAM"
                       : first.t == first.t_l2      ? "L2"
                       : first.t == first.t_latency ? "latency"
+                      : first.t == first.t_decode  ? "decode"
                                                    : "compute";
   CostEstimate e;
   e.us = t;
   e.how = fmt::format(
       "{}-bound: {:.0f} items of {:.0f} rows x {:.0f} tokens on {:.0f} resident CTAs ({:.0f} full wave(s) + "
       "{:.0f} items); a wave: DRAM {:.2f} us, L2->SM {:.2f} us, latency {:.2f} us, mma {:.2f} us at {:.0f} "
-      "TFLOP/s ({}, estimated); {:.2f} MB from DRAM at {:.0f} GB/s{}",
+      "TFLOP/s ({}, estimated), decode {:.2f} us; {:.2f} MB from DRAM at {:.0f} GB/s{}",
       bound, items, rows, tokens, resident, full_waves, rest, first.t_dram, first.t_l2, first.t_latency,
-      first.t_compute, shape.tflops, shape.rate_name, dram / 1e6, arch.dram_bandwidth_gbs,
+      first.t_compute, shape.tflops, shape.rate_name, first.t_decode, dram / 1e6, arch.dram_bandwidth_gbs,
       shape.extra_dram_bytes > 0 ? fmt::format(" (with {})", shape.extra_how) : std::string());
   e.in_flight_total = shape.stages * static_cast<double>(shape.stage_bytes) * std::min(items, resident);
   return e;

@@ -163,6 +163,7 @@ TEST(TileGemmCost, LatencyBoundWhenTheRingIsShallow) {
   a.l2_bandwidth_gbs = 1e6;
   a.memory_latency_ns = 1000;
   a.mma_sync_bf16_tflops = 1e6;
+  a.decode_values_per_ns_per_sm = 1e6;  // not what this test is about
   // K = 256: 4 chunks; a ring of s stages has s chunks in flight per microsecond.
   const auto p = tile_plan(layer(256, 256, 1, 1), 1, GemmKind::kDown, a);
   EXPECT_NEAR(find(p, "m2 n8 s2 w8").cost_us, 2.0, 1e-9);
