@@ -103,69 +103,58 @@ TEST(WgmmaGemmPlan, FixedRowsWarpsAndNoKSplit) {
   }
 }
 
-// One expert, the down GEMM of H = 256 rows (one item's rows) and K = I = 64, 128 tokens.
-TEST(WgmmaGemmCost, ComputeBoundAtTheWgmmaRateByHand) {
+// sm_90 with one SM where every resource is fast: each cost test slows down the one it is about.
+ArchInfo one_fast_sm90() {
   ArchInfo a = arch_by_name("sm_90");
   a.sm_count = 1;
   a.dram_bandwidth_gbs = 1e6;
   a.l2_bandwidth_gbs = 1e6;
   a.memory_latency_ns = 1;
-  a.mma_sync_bf16_tflops = 1e6;  // not the rate this family uses
-  a.wgmma_bf16_tflops = 1;       // 1e6 FLOP per us at the peak, 0.75e6 at the kernel's 75%
-  const auto p = wgmma_plan(layer(256, 64, 1, 1), 128, GemmKind::kDown, a);
-  // n16: one item of 2 x 256 rows x 128 tokens x 64 K = 4194304 FLOPs: 5.592405 us. (Its decode,
-  // 256 x 64 values at 32.8 per ns, takes 0.5 us.)
-  int checked = 0;
-  for (const auto& c : p.candidates) {
-    if (c.label != "n16 s3 w8") continue;
-    EXPECT_NEAR(c.cost_us, 4.194304 / 0.75, 1e-9);
-    EXPECT_THAT(c.cost_how, HasSubstr("compute-bound: 1 items of 256 rows x 128 tokens"));
-    EXPECT_THAT(c.cost_how, HasSubstr("(wgmma at 75% of the peak, as measured, estimated)"));
-    ++checked;
-  }
-  EXPECT_EQ(checked, 1);
+  a.mma_sync_bf16_tflops = 1e6;
+  a.wgmma_bf16_tflops = 1e6;
+  a.decode_values_per_ns_per_sm = 1e6;
+  return a;
 }
 
-// The same item with everything fast but the decode: 256 rows x 64 K = 16384 values at 1 per ns.
-TEST(WgmmaGemmCost, DecodeBoundAtTheSmsDecodeRateByHand) {
-  ArchInfo a = arch_by_name("sm_90");
-  a.sm_count = 1;
-  a.dram_bandwidth_gbs = 1e6;
-  a.l2_bandwidth_gbs = 1e6;
-  a.memory_latency_ns = 1;
-  a.wgmma_bf16_tflops = 1e6;
-  a.decode_values_per_ns_per_sm = 1;
-  const auto p = wgmma_plan(layer(256, 64, 1, 1), 128, GemmKind::kDown, a);
-  int checked = 0;
+// The n16 s3 w8 candidate's estimate.
+CandidateVerdict n16_s3(const Plan& p) {
   for (const auto& c : p.candidates) {
-    if (c.label != "n16 s3 w8") continue;
-    EXPECT_NEAR(c.cost_us, 16.384, 1e-9);
-    EXPECT_THAT(c.cost_how, HasSubstr("decode-bound: 1 items of 256 rows x 128 tokens"));
-    EXPECT_THAT(c.cost_how, HasSubstr("decode 16.38 us"));
-    ++checked;
+    if (c.label == "n16 s3 w8") return c;
   }
-  EXPECT_EQ(checked, 1);
+  ADD_FAILURE() << "no candidate n16 s3 w8";
+  return {};
+}
+
+// One expert, the down GEMM of H = 256 rows (one item's rows) and K = I = 64, 128 tokens: one item
+// of 2 x 256 rows x 128 tokens x 64 K = 4194304 FLOPs.
+TEST(WgmmaGemmCost, ComputeBoundAtTheWgmmaRateByHand) {
+  ArchInfo a = one_fast_sm90();
+  a.wgmma_bf16_tflops = 1;  // 1e6 FLOP per us at the peak, 0.75e6 at the kernel's 75%
+  const auto c = n16_s3(wgmma_plan(layer(256, 64, 1, 1), 128, GemmKind::kDown, a));
+  EXPECT_NEAR(c.cost_us, 4.194304 / 0.75, 1e-9);
+  EXPECT_THAT(c.cost_how, HasSubstr("compute-bound: 1 items of 256 rows x 128 tokens"));
+  EXPECT_THAT(c.cost_how, HasSubstr("(wgmma at 75% of the peak, as measured, estimated)"));
+}
+
+// The same item bound by its decode: 256 rows x 64 K = 16384 values at 1 per ns.
+TEST(WgmmaGemmCost, DecodeBoundAtTheSmsDecodeRateByHand) {
+  ArchInfo a = one_fast_sm90();
+  a.decode_values_per_ns_per_sm = 1;
+  const auto c = n16_s3(wgmma_plan(layer(256, 64, 1, 1), 128, GemmKind::kDown, a));
+  EXPECT_NEAR(c.cost_us, 16.384, 1e-9);
+  EXPECT_THAT(c.cost_how, HasSubstr("decode-bound: 1 items of 256 rows x 128 tokens"));
+  EXPECT_THAT(c.cost_how, HasSubstr("decode 16.38 us"));
 }
 
 TEST(WgmmaGemmCost, TheFirstGemmAlsoMovesThePermutedCopyOfX) {
-  ArchInfo a = arch_by_name("sm_90");
-  a.sm_count = 1;
+  ArchInfo a = one_fast_sm90();
   a.dram_bandwidth_gbs = 1;  // 1000 B/us
-  a.l2_bandwidth_gbs = 1e6;
-  a.memory_latency_ns = 1;
-  a.wgmma_bf16_tflops = 1e6;
   // gate_up of H = 64, I = 128: N = 256 rows, K = 64; 128 tokens, one expert. Weights 4 x 2304 =
   // 9216 B, x 128 x 64 x 2 = 16384 B, h 128 x 128 x 2 = 32768 B, the permuted copy read and
   // written: 2 x 16384 = 32768 B. 91136 B: 91.136 us.
-  const auto p = wgmma_plan(layer(64, 128, 1, 1), 128, GemmKind::kGateUp, a);
-  int checked = 0;
-  for (const auto& c : p.candidates) {
-    if (c.label != "n16 s3 w8") continue;
-    EXPECT_NEAR(c.cost_us, 91.136, 1e-9);
-    EXPECT_THAT(c.cost_how, HasSubstr("with the k-permuted copy of x"));
-    ++checked;
-  }
-  EXPECT_EQ(checked, 1);
+  const auto c = n16_s3(wgmma_plan(layer(64, 128, 1, 1), 128, GemmKind::kGateUp, a));
+  EXPECT_NEAR(c.cost_us, 91.136, 1e-9);
+  EXPECT_THAT(c.cost_how, HasSubstr("with the k-permuted copy of x"));
 }
 
 TEST(WgmmaGemmExplain, BreakdownAddsUpToTheLayout) {
