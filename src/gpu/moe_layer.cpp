@@ -258,6 +258,14 @@ struct MoeLayer::Impl {
       fail(Errc::kInternal, "GEMM config {} was accepted by the planner, but is not compiled into this build",
            c.to_string());
     }
+    if (err == cudaErrorInvalidConfiguration && c.kernel == GemmKernel::kWgmma) {
+      const auto w = gpu::wgmma_config(c);
+      fail(Errc::kInternal,
+           "GEMM config {} was accepted by the planner, but its warpgroups' register split (setmaxnreg: {} "
+           "registers) exceeds what the compiled kernel is launched with ({} threads); launching it would "
+           "hang",
+           c.to_string(), kernels::WgmmaGemmLayout::register_demand(w), kernels::WgmmaGemmLayout::threads(w));
+    }
     FP4MOE_CUDA_CHECK(err);
     if (attr.max_blocks_per_sm < 1) {
       fail(Errc::kInternal,
