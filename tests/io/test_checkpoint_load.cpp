@@ -10,26 +10,18 @@
 #include "fp4moe/reference.hpp"
 #include "io/io_test_util.hpp"
 #include "io/model_fixtures.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using test_util::FixtureModel;
 using test_util::kFixtureExperts;
 using test_util::kFixtureHidden;
 using test_util::kFixtureInter;
 using test_util::TempDir;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Index of the first differing byte, or -1.
 std::int64_t first_difference(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {

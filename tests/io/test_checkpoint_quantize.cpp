@@ -11,26 +11,18 @@
 #include "fp4moe/error.hpp"
 #include "io/io_test_util.hpp"
 #include "io/model_fixtures.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using test_util::FixtureModel;
 using test_util::kFixtureExperts;
 using test_util::kFixtureHidden;
 using test_util::kFixtureInter;
 using test_util::TempDir;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::vector<std::uint8_t> tensor_bytes(const SafetensorsFile& f, const std::string& name) {
   const auto d = f.data(f.tensor(name));

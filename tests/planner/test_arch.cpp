@@ -5,22 +5,13 @@
 #include "fp4moe/arch.hpp"
 #include "fp4moe/device.hpp"
 #include "fp4moe/error.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f, Errc* code = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (code != nullptr) *code = e.code();
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(Arch, TableListsTheNineArchitecturesOldestFirst) {
   std::vector<std::string> names;

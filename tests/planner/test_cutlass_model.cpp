@@ -7,10 +7,12 @@
 
 #include "fp4moe/cutlass_model.hpp"
 #include "fp4moe/error.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using ::testing::HasSubstr;
 
 std::int64_t ru1024(std::int64_t x) {
@@ -34,16 +36,6 @@ CutlassConfig blockscaled(TileShape tile, Epilogue epilogue, bool swap_ab = fals
 
 CutlassVerdict sm120(TileShape tile, Epilogue epilogue, bool swap_ab = false) {
   return explain_cutlass(blockscaled(tile, epilogue, swap_ab), arch_by_name("sm_120"));
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 // ---- the seed's case (PLANNER_FACTS.md, "The seed's case, reproduced") ----------------------

@@ -11,35 +11,15 @@
 #include "fp4moe/planner.hpp"
 #include "gpu/dispatch.hpp"
 #include "planner/stream_gemm_plan.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
+using test_util::glm5;
+using test_util::layer;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f, Errc* code = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (code != nullptr) *code = e.code();
-    return e.what();
-  }
-  return "no error";
-}
-
-LayerDesc layer(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts, std::int64_t top_k) {
-  LayerDesc d;
-  d.hidden = hidden;
-  d.intermediate = intermediate;
-  d.experts = experts;
-  d.top_k = top_k;
-  return d;
-}
-
-LayerDesc glm5() {
-  return layer(6144, 2048, 256, 8);
-}
 
 GemmChoice dispatcher(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const ArchInfo& a) {
   return gpu::choose_gemm(l, tokens, kind == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown,

@@ -9,25 +9,16 @@
 #include "fp4moe/error.hpp"
 #include "fp4moe/planner.hpp"
 #include "test_util/run_command.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 const fs::path kSourceRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();
-
-template <typename F>
-std::string error_of(F&& f, Errc* code = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (code != nullptr) *code = e.code();
-    return e.what();
-  }
-  return "no error";
-}
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const auto path = fs::path(::testing::TempDir()) / name;

@@ -10,37 +10,17 @@
 #include "fp4moe/planner.hpp"
 #include "kernels/stream_gemm_layout.hpp"
 #include "planner/stream_gemm_plan.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
 using kernels::StreamGemmConfig;
 using kernels::StreamGemmLayout;
+using test_util::error_of;
+using test_util::glm5;
+using test_util::layer;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f, Errc* code = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (code != nullptr) *code = e.code();
-    return e.what();
-  }
-  return "no error";
-}
-
-LayerDesc layer(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts, std::int64_t top_k) {
-  LayerDesc d;
-  d.hidden = hidden;
-  d.intermediate = intermediate;
-  d.experts = experts;
-  d.top_k = top_k;
-  return d;
-}
-
-LayerDesc glm5() {
-  return layer(6144, 2048, 256, 8);
-}
 
 const KernelResources kNoResources{};
 

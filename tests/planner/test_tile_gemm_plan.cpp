@@ -7,32 +7,16 @@
 #include "fp4moe/planner.hpp"
 #include "kernels/tile_gemm_layout.hpp"
 #include "planner/tile_gemm_plan.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
 using kernels::TileGemmConfig;
 using kernels::TileGemmLayout;
+using test_util::error_of;
+using test_util::layer;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-LayerDesc layer(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts, std::int64_t top_k) {
-  LayerDesc d;
-  d.hidden = hidden;
-  d.intermediate = intermediate;
-  d.experts = experts;
-  d.top_k = top_k;
-  return d;
-}
 
 const KernelResources kNoResources{};
 

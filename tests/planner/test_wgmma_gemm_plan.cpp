@@ -8,21 +8,14 @@
 #include "fp4moe/version.hpp"
 #include "kernels/wgmma_gemm_layout.hpp"
 #include "planner/wgmma_gemm_plan.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
 using kernels::WgmmaGemmLayout;
+using test_util::layer;
 using ::testing::HasSubstr;
-
-LayerDesc layer(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts, std::int64_t top_k) {
-  LayerDesc d;
-  d.hidden = hidden;
-  d.intermediate = intermediate;
-  d.experts = experts;
-  d.top_k = top_k;
-  return d;
-}
 
 const KernelResources kNoResources{};
 

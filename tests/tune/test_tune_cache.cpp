@@ -17,24 +17,15 @@
 #include "fp4moe/version.hpp"
 #include "io/io_test_util.hpp"
 #include "test_util/run_command.hpp"
+#include "test_util/shared.hpp"
 
 namespace fp4moe {
 namespace {
 
+using test_util::error_of;
 using test_util::TempDir;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-template <typename F>
-std::string error_of(F&& f, Errc* code = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (code != nullptr) *code = e.code();
-    return e.what();
-  }
-  return "no error";
-}
 
 LayerDesc small_layer() {
   LayerDesc d;
