@@ -6,6 +6,7 @@
 
 #include "bench/bench.hpp"
 #include "cli/commands.hpp"
+#include "cli/layer_options.hpp"
 #include "common/fail.hpp"
 #include "fp4moe/device.hpp"
 
@@ -38,28 +39,17 @@ void register_bench(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("bench", "Time the layer against the hardware's limits and a BF16 cuBLAS layer");
   struct Opts {
-    std::string shape = "glm5";
+    LayerShapeOptions layer;
     std::string tokens;
-    std::int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, shared = -1;
-    std::string router, format;
     int iterations = 50, warmup = 5, sets = 4;
     bool no_baseline = false, cpu = false;
     std::uint64_t seed = 1;
     std::string json;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--shape", o->shape,
-                  "Layer preset: " + fmt::format("{}", fmt::join(layer_preset_names(), ", ")))
-      ->capture_default_str();
+  o->layer.add_to(*cmd);
   cmd->add_option("--tokens", o->tokens,
                   "Comma-separated token counts (default 1,4,16,64,256,1024,4096,16384; CPU: 1,4,16,64)");
-  cmd->add_option("--hidden", o->hidden, "Override the preset's hidden size");
-  cmd->add_option("--intermediate", o->intermediate, "Override the preset's expert intermediate size");
-  cmd->add_option("--experts", o->experts, "Override the preset's number of routed experts");
-  cmd->add_option("--top-k", o->top_k, "Override the preset's experts per token");
-  cmd->add_option("--shared", o->shared, "Override the shared expert's intermediate size (0: none)");
-  cmd->add_option("--router", o->router, "Override the router: softmax, sigmoid-group, topk-softmax");
-  cmd->add_option("--format", o->format, "Override the weight format: nvfp4, mxfp4");
   cmd->add_option("--iterations", o->iterations, "Timed runs per token count (median, min, max)")
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per input set")->capture_default_str();
@@ -74,23 +64,14 @@ void register_bench(CLI::App& app) {
     bench::BenchOptions b;
     const bool shape_given = cmd->count("--shape") > 0;
     if (gpu || shape_given) {
-      b.desc = layer_preset(o->shape);
-      b.shape_name = o->shape;
+      b.desc = layer_preset(o->layer.shape);
+      b.shape_name = o->layer.shape;
     } else {
       b.desc = bench::cpu_default_desc();
       b.shape_name = "cpu-small";
     }
-    if (o->hidden) b.desc.hidden = o->hidden;
-    if (o->intermediate) b.desc.intermediate = o->intermediate;
-    if (o->experts) b.desc.experts = o->experts;
-    if (o->top_k) b.desc.top_k = o->top_k;
-    if (o->shared >= 0) b.desc.shared_intermediate = o->shared;
-    if (!o->router.empty()) b.desc.router = parse_router_kind(o->router);
-    if (!o->format.empty()) b.desc.format = parse_weight_format(o->format);
-    if (o->hidden || o->intermediate || o->experts || o->top_k || o->shared >= 0 || !o->router.empty() ||
-        !o->format.empty()) {
-      b.shape_name += "-custom";
-    }
+    o->layer.apply(b.desc);
+    if (o->layer.overridden()) b.shape_name += "-custom";
     b.desc.validate();
     b.tokens = o->tokens.empty() ? (gpu ? std::vector<std::int64_t>{1, 4, 16, 64, 256, 1024, 4096, 16384}
                                         : std::vector<std::int64_t>{1, 4, 16, 64})

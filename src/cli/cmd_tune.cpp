@@ -1,7 +1,6 @@
 // fp4moe tune: times the planner's feasible kernel configurations of a layer's expert GEMMs per
 // token bucket on the local GPU and writes the fastest to the tune cache the layer reads.
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/layer_options.hpp"
 #include "common/fail.hpp"
 #include "fp4moe/tune.hpp"
 
@@ -37,29 +37,17 @@ void register_tune(CLI::App& app) {
                                  "GEMMs per token bucket on the "
                                  "local GPU, and write the fastest to the tune cache the layer reads");
   struct Opts {
-    std::string shape = "glm5";
+    LayerShapeOptions layer;
     std::vector<std::int64_t> tokens;
-    std::int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, shared = -1;
-    std::string router, format, activation;
     TuneOptions tune;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--shape", o->shape,
-                  "Layer preset: " + fmt::format("{}", fmt::join(layer_preset_names(), ", ")))
-      ->capture_default_str();
+  o->layer.add_to(*cmd);
   cmd->add_option("--tokens", o->tokens,
                   "Token counts, e.g. 1,16,4096: each is tuned at its bucket, the largest power of two <= it")
       ->required()
       ->expected(1, -1)
       ->delimiter(',');
-  cmd->add_option("--hidden", o->hidden, "Override the preset's hidden size");
-  cmd->add_option("--intermediate", o->intermediate, "Override the preset's expert intermediate size");
-  cmd->add_option("--experts", o->experts, "Override the preset's number of routed experts");
-  cmd->add_option("--top-k", o->top_k, "Override the preset's experts per token");
-  cmd->add_option("--shared", o->shared, "Override the shared expert's intermediate size (0: none)");
-  cmd->add_option("--router", o->router, "Override the router: softmax, sigmoid-group, topk-softmax");
-  cmd->add_option("--format", o->format, "Override the weight format: nvfp4, mxfp4");
-  cmd->add_option("--activation", o->activation, "Override the activation: swiglu, swiglu-clamped");
   cmd->add_flag(
       "--quick", o->tune.quick,
       "Time only a handful of candidates around the layer's own pick (6 unless --max-configs), with "
@@ -76,15 +64,8 @@ void register_tune(CLI::App& app) {
   cmd->add_option("--device", o->tune.device, "CUDA device (-1: the current one)")->capture_default_str();
   cmd->add_option("--seed", o->tune.seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->callback([o] {
-    LayerDesc d = layer_preset(o->shape);
-    if (o->hidden) d.hidden = o->hidden;
-    if (o->intermediate) d.intermediate = o->intermediate;
-    if (o->experts) d.experts = o->experts;
-    if (o->top_k) d.top_k = o->top_k;
-    if (o->shared >= 0) d.shared_intermediate = o->shared;
-    if (!o->router.empty()) d.router = parse_router_kind(o->router);
-    if (!o->format.empty()) d.format = parse_weight_format(o->format);
-    if (!o->activation.empty()) d.activation = parse_activation(o->activation);
+    LayerDesc d = layer_preset(o->layer.shape);
+    o->layer.apply(d);
     d.validate();
     for (const auto t : o->tokens) require(t >= 1, "--tokens: {} is not a positive token count", t);
     TuneOptions t = o->tune;
