@@ -97,11 +97,6 @@ struct StreamGemmArgs {
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: fp32 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2
-  // Stream kernel only (StreamSplit): 2 partial slots of StreamGemmLayout::partial_bytes per
-  // launched warp, and one counter per launched warp, zero before the launch (the kernel leaves
-  // them zero).
-  float* split_partials = nullptr;
-  std::int32_t* split_counters = nullptr;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
 };

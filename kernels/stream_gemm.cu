@@ -6,20 +6,15 @@
 //
 //   work item = (active expert a, token block b of 8*NT tokens, row block r of 16*MT rows)
 //   items are numbered (a, b) major, r minor, so neighbouring warps share activations in L2;
-//   the launch's items x chunks units are split evenly over the persistent grid's warps
-//   (StreamSplit): warp w streams one contiguous run of units, across item boundaries.
+//   warp w of the persistent grid takes items w, w + W, w + 2W, ... (W = all warps).
 //
-//   per unit (one K chunk of 64 of one item, pipelined `stages` deep):
+//   per item:  for each K chunk of 64 (pipelined `stages` deep):
 //                A = weights  [16*MT rows x 64]: E2M1 -> bf16 in registers, times the block
 //                    scale (exact, see weight_layout.hpp), as mma A fragments
 //                B = activations [64 x 8*NT tokens] bf16 (gathered rows for GEMM1)
 //                acc[MT][NT] += A * B          (mma.sync m16n8k16, fp32)
-//   per item:  epilogue: acc * post_scale (+ bias); GEMM1: act(gate, up) -> bf16 h;
+//              epilogue: acc * post_scale (+ bias); GEMM1: act(gate, up) -> bf16 h;
 //                        GEMM2: fp32 y per slot (finalize reduces the k picks).
-//              An item cut between warps: each writes its fp32 partial sums to its workspace
-//              slot and counts itself in the item's counter; the last to arrive adds the
-//              partials in warp order (the same sum whoever is last), runs the epilogue and
-//              resets the counter for the next launch.
 //
 // Each lane copies exactly the 16-byte weight fragment and the 32-byte activation piece that it
 // later reads itself; only the scale bytes cross lanes (hence the __syncwarp after each wait).
@@ -74,6 +69,11 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   return v;
 }
 
+// Named barrier for the k_split warps of one group (ids 1..8; 0 is __syncthreads).
+__device__ __forceinline__ void group_barrier(int group, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
+}
+
 // NOTE: each lane's 32 activation bytes are stored as two 16-byte halves, swapped for odd g, so
 // that the 8 lanes of one LDS.128 phase hit 8 distinct 4-bank groups (no bank conflicts).
 __device__ __forceinline__ int act_half_offset(int lane, int half) {
@@ -86,20 +86,20 @@ template <int MT, int NT, StreamEpilogue EPI>
 // Two CTAs per SM (128 registers a thread) except for 32-token items, whose accumulators and
 // activation fragments need more on some architectures (sm_80, sm_120) and would spill.
 __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
-    fp4moe_stream_gemm(const StreamGemmArgs p, const int stages) {
+    fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const StreamGemmConfig cfg{MT, NT, stages, warps};
+  const StreamGemmConfig cfg{MT, NT, stages, warps, k_split};
   const int stage_bytes = StreamGemmLayout::stage_bytes(cfg);
   const std::uint32_t ring = smem_addr(smem) + warp * StreamGemmLayout::warp_bytes(cfg);
+  float* partials = reinterpret_cast<float*>(smem + StreamGemmLayout::reduction_offset(cfg));
   constexpr int kScaleOff = MT * StreamGemmLayout::kWeightTileBytes;
   constexpr int kActOff = kScaleOff + MT * StreamGemmLayout::kScaleTileBytes;
-  constexpr int kPartialFloats = StreamGemmLayout::partial_bytes(MT, NT) / 4;
-  static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 2, 1}), "layout drift");
+  static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 2, 1, 1}), "layout drift");
 
   // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
   // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
@@ -108,24 +108,26 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
 
   const int n_active = *p.n_active;
   const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
-  const int n_chunks = p.n_chunks;
-  const StreamSplit split =
-      StreamSplit::of(total_items, n_chunks, static_cast<std::int64_t>(gridDim.x) * warps);
-  const std::int64_t me = static_cast<std::int64_t>(blockIdx.x) * warps + warp;
-  if (total_items == 0 || me >= split.warps) return;
-  const std::int64_t u_begin = split.begin(me);
-  const std::int64_t u_end = split.begin(me + 1);
+  const int groups_per_cta = warps / k_split;
+  const int group = warp / k_split;
+  const int kw = warp % k_split;
+  const std::int64_t first_item = static_cast<std::int64_t>(blockIdx.x) * groups_per_cta + group;
+  const std::int64_t item_stride = static_cast<std::int64_t>(gridDim.x) * groups_per_cta;
+  // This warp's share of K, in chunks of 64.
+  const int kb = p.n_chunks * kw / k_split;
+  const int ke = p.n_chunks * (kw + 1) / k_split;
 
-  // The loader runs stages-1 units ahead of the consumer, across item boundaries.
-  std::int64_t ld_left = u_end - u_begin;
-  std::int64_t ld_item = u_begin / n_chunks;
-  int ld_chunk = static_cast<int>(u_begin % n_chunks);
+  // The loader runs stages-1 chunks ahead of the consumer, across item boundaries.
+  std::int64_t ld_item = first_item;
+  int ld_chunk = kb;
   int ld_slot = 0;
+  ItemView<NT> ld{};
   int ld_cursor = 0;
   int cur_cursor = 0;
-  ItemView<NT> ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
+  const bool has_chunks = ke > kb;
+  if (has_chunks && ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
   auto issue = [&]() {
-    if (ld_left > 0) {
+    if (has_chunks && ld_item < total_items) {
       const std::uint32_t st = ring + ld_slot * stage_bytes;
       const std::uint8_t* blk = ld.wbase + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
 #pragma unroll
@@ -152,10 +154,10 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
           }
         }
       }
-      if (--ld_left > 0 && ++ld_chunk == n_chunks) {
-        ld_chunk = 0;
-        ++ld_item;
-        ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
+      if (++ld_chunk == ke) {
+        ld_chunk = kb;
+        ld_item += item_stride;
+        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
       }
     }
     cp_async_commit();
@@ -164,13 +166,7 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
   for (int i = 0; i < stages - 1; ++i) issue();
 
   int slot = 0;
-  std::int64_t u = u_begin;
-  while (u < u_end) {
-    // One segment: this warp's units of item `item`, chunks c0 .. c1 - 1.
-    const std::int64_t item = u / n_chunks;
-    const int c0 = static_cast<int>(u - item * n_chunks);
-    const int c1 = static_cast<int>(min(static_cast<std::int64_t>(n_chunks), c0 + (u_end - u)));
-    u += c1 - c0;
+  for (std::int64_t item = first_item; item < total_items; item += item_stride) {
     const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, g, t, cur_cursor);
     float acc[MT][NT][4];
 #pragma unroll
@@ -180,7 +176,7 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-    for (int c = c0; c < c1; ++c) {
+    for (int c = kb; c < ke; ++c) {
       cp_async_wait_dynamic(stages - 2);
       __syncwarp();
       // Refill the slot consumed in the previous iteration (every lane is past it now).
@@ -240,60 +236,44 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
       }
     };
 
-    if (c0 == 0 && c1 == n_chunks) {
+    if (k_split == 1) {
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < NT; ++j) store_tile(i, j, acc[i][j]);
-      continue;
-    }
-    // A cut item: partial sums [i][j][q][lane] to this warp's slot, then count in.
-    const std::int64_t w_first = split.first_warp(item);
-    const std::int64_t w_last = split.last_warp(item);
-    float* mine = p.split_partials + split.partial_slot(me, item) * kPartialFloats;
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) __stcg(mine + ((i * NT + j) * 4 + q) * 32 + lane, acc[i][j][q]);
-    __threadfence();
-    __syncwarp();
-    int arrived = 0;
-    if (lane == 0) arrived = atomicAdd(p.split_counters + w_first, 1);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != w_last - w_first) continue;  // not the last: that warp stores the item
-    __threadfence();
-    // The same additions in the same order whichever warp gets here: deterministic. (This warp's
-    // own partial is read back too, so its accumulators need not stay live.)
-    float sum[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sum[i][j][q] = 0.0f;
-    for (std::int64_t w = w_first; w <= w_last; ++w) {
-      const float* part = p.split_partials + split.partial_slot(w, item) * kPartialFloats;
+    } else {
+      // Partial sums of the group's warps meet in shared memory: [warp][i][j][q][lane].
+      float* mine = partials + warp * (MT * NT * 4 * 32);
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) sum[i][j][q] += __ldcg(part + ((i * NT + j) * 4 + q) * 32 + lane);
+          for (int q = 0; q < 4; ++q) mine[((i * NT + j) * 4 + q) * 32 + lane] = acc[i][j][q];
+      group_barrier(group, k_split * 32);
+      // Warp kw reduces tiles i = kw, kw + k_split, ... in the fixed warp order (deterministic).
+      const float* first = partials + group * k_split * (MT * NT * 4 * 32);
+      for (int i = kw; i < MT; i += k_split) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int w = 0; w < k_split; ++w) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              v[q] += first[w * (MT * NT * 4 * 32) + ((i * NT + j) * 4 + q) * 32 + lane];
+          }
+          store_tile(i, j, v);
+        }
+      }
+      group_barrier(group, k_split * 32);
     }
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) store_tile(i, j, sum[i][j]);
-    if (lane == 0) p.split_counters[w_first] = 0;  // every contributor has counted: ready for the next launch
   }
   cp_async_wait<0>();
 }
 
 namespace {
 
-using KernelFn = void (*)(const StreamGemmArgs, const int);
+using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 
 template <int MT, int NT>
 KernelFn pick_epilogue(StreamEpilogue epi) {
@@ -349,7 +329,7 @@ cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfi
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
                        static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args,
-                       config.stages);
+                       config.stages, config.k_split);
 }
 
 }  // namespace fp4moe::kernels

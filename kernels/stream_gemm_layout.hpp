@@ -9,22 +9,20 @@
 //   weights of one expert [N rows, K]        activations of that expert's tokens [M, K]
 //   +---------------------------+            +---------------------------+
 //   | item: m_tiles*16 rows     | x          | n_tiles*8 tokens          |   -> acc[m_tiles*16 x n_tiles*8]
-//   |  K in chunks of 64        |            |  same K chunks            |
+//   |  K split over k_split     |            |  same K chunks            |
+//   |  warps, chunks of 64      |            |                           |
 //   +---------------------------+            +---------------------------+
 //
-// The launch's work is items x chunks units (one 64-K chunk of one item). StreamSplit below
-// hands every warp of the persistent grid an equal, contiguous run of units, whatever the item
-// count (a per-item split leaves warps idle in a last, partial round: at T=1 GLM-5's first GEMM
-// has 576 items for 528 groups of 4 warps). A warp whose run covers a whole item stores it; an
-// item cut between warps is summed from their fp32 partials in warp order (deterministic) by
-// the last of them to finish, through a global workspace of two partial slots per warp.
-//
-// Each warp owns a ring of `stages` buffers filled with cp.async; the ring runs on across items,
-// so the next item's weights stream in while the current one is stored. One stage holds, for
-// one chunk of 64 K values:
+// A CTA of `warps` warps holds warps / k_split groups; the k_split warps of a group share one
+// item, each streaming a contiguous part of K, and add their partial sums through shared memory
+// in a fixed order (deterministic). Each warp owns a ring of `stages` buffers filled with
+// cp.async; the ring runs on across items, so the next item's weights stream in while the
+// current one is reduced and written. One stage holds, for one chunk of 64 K values:
 //   weights  m_tiles x 512 B  (16 rows x 64 values x 4 bits, in mma fragment order)
 //   scales   m_tiles x  64 B  (16 rows x 4 blocks of 16, one byte each)
 //   acts     n_tiles x 1024 B (8 tokens x 64 values x bf16)
+// After the rings: the reduction area, one partial accumulator tile set per warp
+// (m_tiles x n_tiles x 4 floats x 32 lanes), present only when k_split > 1.
 #pragma once
 
 #include <cstdint>
@@ -36,15 +34,17 @@ struct StreamGemmConfig {
   int n_tiles = 1;  // 8-token mma tiles per item (1, 2 or 4)
   int stages = 4;   // per-warp pipeline depth
   int warps = 8;    // warps per CTA
+  int k_split = 1;  // warps sharing one item (1, 2, 4 or 8; divides warps)
 
   constexpr bool operator==(const StreamGemmConfig& o) const {
-    return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps;
+    return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps &&
+           k_split == o.k_split;
   }
 };
 
 // The (m_tiles, n_tiles) template instances compiled into the library (kernel_for in
-// stream_gemm.cu switches over exactly these). Stages and warps are launch-time values. The planner and the
-// launcher read this one list.
+// stream_gemm.cu switches over exactly these). Stages, warps and the K split are launch-time
+// values. The planner and the launcher read this one list.
 inline constexpr int kStreamTileShapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2},
                                                {2, 2}, {4, 2}, {1, 4}, {2, 4}};
 
@@ -66,57 +66,25 @@ struct StreamGemmLayout {
     return (raw + kStageAlign - 1) / kStageAlign * kStageAlign;
   }
   static constexpr int warp_bytes(const StreamGemmConfig& c) { return c.stages * stage_bytes(c); }
-  static constexpr std::int64_t cta_bytes(const StreamGemmConfig& c) {
+  static constexpr int partial_bytes_per_warp(const StreamGemmConfig& c) {
+    return c.k_split > 1 ? c.m_tiles * c.n_tiles * kPartialTileBytes : 0;
+  }
+  static constexpr std::int64_t reduction_offset(const StreamGemmConfig& c) {
     return static_cast<std::int64_t>(c.warps) * warp_bytes(c);
   }
-  static constexpr int threads(const StreamGemmConfig& c) { return c.warps * 32; }
-  // Global workspace: one warp's partial accumulators of an item ([tile][q][lane] fp32), two
-  // slots per warp of the grid (StreamSplit::partial_slot).
-  static constexpr int partial_bytes(int m_tiles, int n_tiles) {
-    return m_tiles * n_tiles * kPartialTileBytes;
+  static constexpr std::int64_t cta_bytes(const StreamGemmConfig& c) {
+    return reduction_offset(c) + static_cast<std::int64_t>(c.warps) * partial_bytes_per_warp(c);
   }
-  static constexpr int kPartialSlotsPerWarp = 2;
+  static constexpr int threads(const StreamGemmConfig& c) { return c.warps * 32; }
   // Whether the kernel accepts the shape at all (the planner then checks the device limits).
   static constexpr bool valid(const StreamGemmConfig& c) {
-    return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= 8;
+    return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= 8 &&
+           (c.k_split == 1 || c.k_split == 2 || c.k_split == 4 || c.k_split == 8) && c.warps % c.k_split == 0;
   }
 };
 
-static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8}) == 1664);
-static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8}) == 106496);
-static_assert(StreamGemmLayout::cta_bytes({4, 1, 3, 8}) == 8 * 3 * 3328);
-
-// The balanced split of one launch (host code and the CPU tests use it too). Units are numbered
-// item-major (unit u = chunk u % chunks of item u / chunks); warp w (global: CTA * warps + warp)
-// streams units [begin(w), begin(w + 1)). Only the first `warps` = min(launched warps, units)
-// warps get work, so every run has at least one unit. An item is cut when its first and last
-// units have different owners; those warps (first_warp .. last_warp, each a non-empty run inside
-// or at the edge of the item) write their partial sums to partial_slot and count themselves in
-// counter[first_warp]: first_warp owns the item's first unit and its run ends inside the item,
-// so no other cut item has the same first warp.
-struct StreamSplit {
-  std::int64_t units = 0;   // items x chunks
-  std::int64_t warps = 1;   // warps with work: min(launched warps, units)
-  std::int64_t chunks = 1;  // units per item
-
-  static constexpr StreamSplit of(std::int64_t items, std::int64_t chunks, std::int64_t launched_warps) {
-    const std::int64_t units = items * chunks;
-    return {units, units < launched_warps ? (units > 0 ? units : 1) : launched_warps, chunks};
-  }
-  constexpr std::int64_t begin(std::int64_t w) const { return w * units / warps; }
-  // The warp whose run holds unit u: the largest w with begin(w) <= u.
-  constexpr std::int64_t owner(std::int64_t u) const { return ((u + 1) * warps - 1) / units; }
-  constexpr std::int64_t first_warp(std::int64_t item) const { return owner(item * chunks); }
-  constexpr std::int64_t last_warp(std::int64_t item) const { return owner((item + 1) * chunks - 1); }
-  // Slot of warp w's partial sums of item `item` (w in first_warp .. last_warp): 2w for the item
-  // holding the warp's first unit, 2w + 1 for the one holding its last (a run cuts at most two).
-  constexpr std::int64_t partial_slot(std::int64_t w, std::int64_t item) const {
-    return 2 * w + (begin(w) / chunks == item ? 0 : 1);
-  }
-};
-
-static_assert(StreamSplit::of(576, 96, 2112).owner(0) == 0);
-static_assert(StreamSplit::of(576, 96, 2112).owner(576 * 96 - 1) == 2111);
-static_assert(StreamSplit::of(3, 2, 100).warps == 6);
+static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8, 1}) == 1664);
+static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8, 1}) == 106496);
+static_assert(StreamGemmLayout::cta_bytes({4, 1, 3, 8, 4}) == 8 * 3 * 3328 + 8 * 4 * 512);
 
 }  // namespace fp4moe::kernels

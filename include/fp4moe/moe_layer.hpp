@@ -36,15 +36,13 @@ class LayerTuning;  // src/gpu/layer_tuning.hpp: times one GEMM of a layer for t
 using Stream = CUstream_st*;  // the same type as cudaStream_t
 
 // The two expert-GEMM kernels and their configurations:
-//   kStream (decode, kernels/stream_gemm_layout.hpp): items of 16*m_tiles weight rows x
-//     8*n_tiles tokens, every warp of the grid streaming an equal run of K chunks (an item may be
-//     cut between warps, whose partial sums are then added in a fixed order), each warp with a
-//     `stages`-deep private ring;
+//   kStream (decode, kernels/stream_gemm_layout.hpp): one warp (or k_split warps) per item of
+//     16*m_tiles weight rows x 8*n_tiles tokens, each warp with a `stages`-deep private ring;
 //   kTile (prefill, kernels/tile_gemm_layout.hpp): one CTA of `warps` warps per item of
 //     warps*m_tiles*16 rows x 8*n_tiles tokens sharing the tokens in shared memory;
-//   kWgmma (prefill on sm_90, kernels/wgmma_gemm_layout.hpp): a TMA producer warpgroup and
-//     `warps` consumer warps per item of 256 rows x 8*n_tiles tokens (32, 64 or 128), wgmma with
-//     the weights in registers (m_tiles is fixed: 2).
+//   kWgmma (prefill on sm_90, kernels/wgmma_gemm_layout.hpp): two warpgroups per item of 256 rows
+//     x 8*n_tiles tokens (64 or 128), wgmma with the weights in registers (m_tiles, warps and
+//     k_split are fixed: 2, 8, 1).
 enum class GemmKernel : std::uint8_t { kStream, kTile, kWgmma };
 
 struct GemmChoice {
@@ -53,6 +51,7 @@ struct GemmChoice {
   int n_tiles = 1;
   int stages = 3;
   int warps = 8;
+  int k_split = 1;  // kStream only
 
   bool operator==(const GemmChoice&) const = default;
   int token_block() const { return 8 * n_tiles; }

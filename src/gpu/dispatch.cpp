@@ -18,7 +18,7 @@ double expected_active_experts(const LayerDesc& desc, std::int64_t tokens) {
   return std::max(1.0, e * (1.0 - p_miss));
 }
 
-StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens,
+StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                       const DeviceLimits& limits) {
   // Tokens per active expert decides the token tile: one 8-token mma tile covers decode; more
   // tiles per item reuse each decoded weight fragment for more tokens.
@@ -29,10 +29,30 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   // activation loads) is then shared by four weight tiles.
   const int m_tiles = n_tiles == 4 ? 2 : 4;
 
-  // The kernel splits the launch's K chunks evenly over its warps (kernels::StreamSplit), so no
-  // item count leaves warps idle. Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory
-  // allows.
-  StreamGemmConfig c{m_tiles, n_tiles, 2, 8};
+  // Split K over as many warps as it takes to give every resident warp work: at T=1 GLM-5's
+  // first GEMM has 8 experts x 64 row groups = 512 items for 2 x 8 x 132 resident warps.
+  const std::int64_t rows = which == Gemm::kGateUp ? 2 * desc.intermediate : desc.hidden;
+  const std::int64_t k = which == Gemm::kGateUp ? desc.hidden : desc.intermediate;
+  const std::int64_t tiles = kernels::WeightLayout::groups(rows) * kernels::WeightLayout::kTilesPerGroup;
+  const std::int64_t chunks = kernels::WeightLayout::chunks(k);
+  // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
+  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue).
+  const double items =
+      active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
+  const double resident_warps = static_cast<double>(limits.sm_count) * 16.0;
+  int k_split = 1;
+  double best = 0.0;
+  for (int ks = 1; ks <= 8 && ks <= chunks; ks *= 2) {
+    const double rounds = std::ceil(items * ks / resident_warps);
+    const double cost = rounds * (std::ceil(static_cast<double>(chunks) / ks) + 4.0);
+    if (ks == 1 || cost < best) {
+      best = cost;
+      k_split = ks;
+    }
+  }
+
+  // Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory allows.
+  StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};
   const std::int64_t budget = std::min(limits.smem_per_block_optin, limits.smem_per_sm / 2 - 1024);
   while (c.stages < 8) {
     StreamGemmConfig next = c;
@@ -43,7 +63,7 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   return c;
 }
 
-GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceLimits& limits) {
+GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits) {
   const double active = expected_active_experts(desc, tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   GemmChoice c;
@@ -53,6 +73,7 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceL
   if (limits.wgmma && per_expert >= 6.0) {
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
+    c.k_split = 1;
     // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
     // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert).
     c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
@@ -65,12 +86,13 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceL
     return c;
   }
   if (per_expert <= 24.0) {
-    const StreamGemmConfig s = choose_stream_config(desc, tokens, limits);
+    const StreamGemmConfig s = choose_stream_config(desc, tokens, which, limits);
     c.kernel = GemmKernel::kStream;
     c.m_tiles = s.m_tiles;
     c.n_tiles = s.n_tiles;
     c.stages = s.stages;
     c.warps = s.warps;
+    c.k_split = s.k_split;
     return c;
   }
   // 256 rows x 64 tokens per CTA (32 tokens when experts see fewer than 48), as deep a
@@ -79,6 +101,7 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceL
   c.m_tiles = 2;
   c.n_tiles = per_expert >= 48.0 ? 8 : 4;
   c.warps = 8;
+  c.k_split = 1;
   c.stages = 2;
   while (c.stages < 6) {
     GemmChoice next = c;
@@ -90,7 +113,7 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceL
 }
 
 StreamGemmConfig stream_config(const GemmChoice& c) {
-  return {c.m_tiles, c.n_tiles, c.stages, c.warps};
+  return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split};
 }
 kernels::TileGemmConfig tile_config(const GemmChoice& c) {
   return {c.m_tiles, c.n_tiles, c.warps, c.stages};
@@ -113,9 +136,10 @@ std::int64_t smem_bytes(const GemmChoice& c) {
 
 std::string to_string(const StreamGemmConfig& c) {
   return fmt::format(
-      "stream m{}xn{} ({} rows x {} tokens per item, K chunks split evenly over the grid's warps), {} "
-      "stages, {} warps, {} B smem",
-      c.m_tiles, c.n_tiles, 16 * c.m_tiles, 8 * c.n_tiles, c.stages, c.warps, StreamGemmLayout::cta_bytes(c));
+      "stream m{}xn{}xk{} ({} rows x {} tokens per item, K split over {} warps), {} stages, {} warps, "
+      "{} B smem",
+      c.m_tiles, c.n_tiles, c.k_split, 16 * c.m_tiles, 8 * c.n_tiles, c.k_split, c.stages, c.warps,
+      StreamGemmLayout::cta_bytes(c));
 }
 
 }  // namespace fp4moe::gpu

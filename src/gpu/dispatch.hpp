@@ -27,14 +27,14 @@ struct DeviceLimits {
 // and the expected tokens per such expert.
 double expected_active_experts(const LayerDesc& desc, std::int64_t tokens);
 
-// The stream GEMM configuration at T tokens on a device with these limits (the same for both GEMMs).
-kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens,
+// The stream GEMM configuration for GEMM `which` at T tokens on a device with these limits.
+kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                                const DeviceLimits& limits);
 
-// The kernel and configuration for both GEMMs at T tokens: the stream kernel while an expert sees
-// few tokens (weight bytes dominate), the wgmma (sm_90) or tiled kernel once each decoded weight
-// can be reused for enough tokens.
-GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, const DeviceLimits& limits);
+// The kernel and configuration for GEMM `which` at T tokens: the stream kernel while an expert
+// sees few tokens (weight bytes dominate), the tiled kernel once each decoded weight can be
+// reused for 32 or more tokens.
+GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits);
 
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);

@@ -136,17 +136,11 @@ struct MoeLayer::Impl {
   std::uint16_t* h = nullptr;
   float* y = nullptr;
   std::uint16_t* x_perm = nullptr;
-  // The stream kernel's split workspace (kernels::StreamSplit): sized at construction for the
-  // most warps any stream instance can have resident on this device.
-  std::int64_t split_warps = 0;  // counters
-  std::int64_t split_bytes = 0;  // partial slots
-  float* split_partials = nullptr;
-  std::int32_t* split_counters = nullptr;
   std::int64_t h_padded = 0;  // H rounded up to whole 64-chunks
   std::int64_t i_padded = 0;  // I likewise
 
   mutable std::mutex mu;
-  mutable std::map<std::tuple<int, int, int, int, int, int>, int> grid_cache;
+  mutable std::map<std::tuple<int, int, int, int, int, int, int>, int> grid_cache;
   // The decision for each token count seen (the first forward of a T decides; later ones look it up).
   struct Decision {
     GemmChoice choice[2];
@@ -196,7 +190,7 @@ struct MoeLayer::Impl {
       kernels::KernelAttributes attr;
       for (const auto& shape : kernels::kStreamTileShapes) {
         // The smallest launch of the instance: registers do not depend on the launch parameters.
-        FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup({shape[0], shape[1], 2, 1}, epi, &attr));
+        FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup({shape[0], shape[1], 2, 1, 1}, epi, &attr));
         measured.kernels.push_back(
             {planner::stream_gemm_kernel_key(shape[0], shape[1], e), sm, attr.registers, 0, 0});
       }
@@ -211,25 +205,6 @@ struct MoeLayer::Impl {
         FP4MOE_CUDA_CHECK(kernels::wgmma_gemm_setup({shape.n_tiles, 3, shape.consumer_warps}, epi, &attr));
         measured.kernels.push_back({planner::wgmma_gemm_kernel_key(shape.n_tiles, shape.consumer_warps, e),
                                     sm, attr.registers, 0, 0});
-      }
-    }
-  }
-
-  // The split workspace a stream launch of any instance, CTA size and epilogue of this layer can
-  // need: the resident warps (grid x warps) and two partial slots per warp. The fewest stages
-  // give the highest occupancy, so this bounds every launch.
-  void size_split_workspace() {
-    for (const auto epi : {epilogue(gpu::Gemm::kGateUp), epilogue(gpu::Gemm::kDown)}) {
-      for (const auto& shape : kernels::kStreamTileShapes) {
-        for (int w = 1; w <= 8; ++w) {
-          kernels::KernelAttributes attr;
-          FP4MOE_CUDA_CHECK(kernels::stream_gemm_setup({shape[0], shape[1], 2, w}, epi, &attr));
-          const std::int64_t warps = static_cast<std::int64_t>(attr.max_blocks_per_sm) * w * limits.sm_count;
-          split_warps = std::max(split_warps, warps);
-          split_bytes =
-              std::max(split_bytes, warps * kernels::StreamGemmLayout::kPartialSlotsPerWarp *
-                                        kernels::StreamGemmLayout::partial_bytes(shape[0], shape[1]));
-        }
       }
     }
   }
@@ -255,7 +230,7 @@ struct MoeLayer::Impl {
   // Only configurations the planner accepted get here.
   int grid(const GemmChoice& c, kernels::StreamEpilogue epi) const {
     const auto key = std::make_tuple(static_cast<int>(c.kernel), c.m_tiles, c.n_tiles, c.stages, c.warps,
-                                     static_cast<int>(epi));
+                                     c.k_split, static_cast<int>(epi));
     std::lock_guard<std::mutex> lock(mu);
     auto it = grid_cache.find(key);
     if (it != grid_cache.end()) return it->second;
@@ -320,21 +295,9 @@ struct MoeLayer::Impl {
       case GemmKernel::kWgmma:
         FP4MOE_CUDA_CHECK(kernels::launch_wgmma_gemm(args, gpu::wgmma_config(c), epi, g, pdl, stream));
         break;
-      case GemmKernel::kStream: {
-        const std::int64_t warps = static_cast<std::int64_t>(g) * c.warps;
-        if (warps > split_warps || warps * kernels::StreamGemmLayout::kPartialSlotsPerWarp *
-                                           kernels::StreamGemmLayout::partial_bytes(c.m_tiles, c.n_tiles) >
-                                       split_bytes) {
-          fail(Errc::kInternal,
-               "GEMM config {} launches {} warps, more than the split workspace ({} warps) holds",
-               c.to_string(), warps, split_warps);
-        }
-        kernels::StreamGemmArgs a = args;
-        a.split_partials = split_partials;
-        a.split_counters = split_counters;
-        FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(a, gpu::stream_config(c), epi, g, pdl, stream));
+      case GemmKernel::kStream:
+        FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm(args, gpu::stream_config(c), epi, g, pdl, stream));
         break;
-      }
     }
   }
 
@@ -391,7 +354,6 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
     m.arch.notes.push_back("wgmma: this build has no sm_90a image of the wgmma GEMM (not compiled)");
   }
   m.measure_resources();
-  m.size_split_workspace();
   m.load_tune_cache_file();
   // A forced configuration's verdict does not depend on T: judge it now, before any upload.
   if (options.gemm1 || options.gemm2) m.decide(1);
@@ -500,8 +462,6 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 4);
   const std::size_t o_x_perm =
       carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
-  const std::size_t o_split_partials = carve(static_cast<std::size_t>(m.split_bytes));
-  const std::size_t o_split_counters = carve(static_cast<std::size_t>(m.split_warps) * 4);
   m.workspace = DeviceBuffer(off);
   auto* base = m.workspace.as<std::uint8_t>();
   m.topk_ids = reinterpret_cast<std::int32_t*>(base + o_ids);
@@ -518,9 +478,6 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
   m.y = reinterpret_cast<float*>(base + o_y);
   m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
-  m.split_partials = reinterpret_cast<float*>(base + o_split_partials);
-  m.split_counters = reinterpret_cast<std::int32_t*>(base + o_split_counters);
-  FP4MOE_CUDA_CHECK(cudaMemset(m.split_counters, 0, static_cast<std::size_t>(m.split_warps) * 4));
   FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
 }
 

@@ -31,17 +31,23 @@ Judged judge_choice(const GemmChoice& c, const GemmProblem& problem, const ArchI
   switch (c.kernel) {
     case GemmKernel::kStream:
       j.family = &planner::stream_gemm_family();
-      spec = planner::stream_gemm_spec({c.m_tiles, c.n_tiles, c.stages, c.warps}, problem);
+      spec = planner::stream_gemm_spec({c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split}, problem);
       break;
     case GemmKernel::kTile:
       j.family = &planner::tile_gemm_family();
       spec = planner::tile_gemm_spec({c.m_tiles, c.n_tiles, c.warps, c.stages}, problem);
+      if (spec.invalid.empty() && c.k_split != 1) {
+        spec.invalid =
+            fmt::format("k_split={}: the tile kernel does not split K (k_split must be 1)", c.k_split);
+      }
       break;
     case GemmKernel::kWgmma:
       j.family = &planner::wgmma_gemm_family();
       spec = planner::wgmma_gemm_spec({c.n_tiles, c.stages, c.warps}, problem);
-      if (spec.invalid.empty() && c.m_tiles != 2) {
-        spec.invalid = fmt::format("m_tiles={}: the wgmma kernel runs 256 rows (m_tiles 2)", c.m_tiles);
+      if (spec.invalid.empty() && (c.m_tiles != 2 || c.k_split != 1)) {
+        spec.invalid = fmt::format(
+            "m_tiles={} k_split={}: the wgmma kernel runs 256 rows (m_tiles 2) without a K split (k_split 1)",
+            c.m_tiles, c.k_split);
       }
       break;
   }
@@ -107,19 +113,21 @@ std::string gemm_choice_label(const GemmChoice& c) {
     case GemmKernel::kStream:
       break;
   }
-  return planner::stream_gemm_label({c.m_tiles, c.n_tiles, c.stages, c.warps});
+  return planner::stream_gemm_label({c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split});
 }
 
 GemmChoice choice_of_candidate(const CandidateVerdict& c) {
-  // The wgmma kernel's rows (256: m_tiles 2) are fixed; warps are its consumer warps.
+  // The wgmma kernel's rows (256: m_tiles 2) and K split (none) are fixed; warps are its consumer warps.
   if (c.family == "wgmma-gemm") {
-    return {GemmKernel::kWgmma, 2, param(c, "n_tiles"), param(c, "stages"), param(c, "consumer_warps")};
+    return {GemmKernel::kWgmma, 2, param(c, "n_tiles"), param(c, "stages"), param(c, "consumer_warps"), 1};
   }
   GemmChoice g;
   if (c.family == "stream-gemm") {
     g.kernel = GemmKernel::kStream;
+    g.k_split = param(c, "k_split");
   } else if (c.family == "tile-gemm") {
     g.kernel = GemmKernel::kTile;
+    g.k_split = 1;
   } else {
     fail(Errc::kInvalidArgument,
          "kernel family '{}' is not one the layer runs (stream-gemm, tile-gemm, wgmma-gemm)", c.family);
@@ -175,7 +183,8 @@ LayerGemmPick pick_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
                           preference->origin, j.verdict.reason);
   }
   const gpu::DeviceLimits limits{arch.sm_count, arch.smem_per_block_optin, arch.smem_per_sm, arch.wgmma};
-  const GemmChoice dispatched = gpu::choose_gemm(layer, tokens, limits);
+  const GemmChoice dispatched = gpu::choose_gemm(
+      layer, tokens, which == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown, limits);
   const Judged d = judge_choice(dispatched, pick.problem, arch, resources);
   if (d.verdict.feasible) return take(dispatched, d.verdict, PickSource::kDispatcher, "");
   passed += fmt::format("; the dispatcher's {} {} is rejected on {}: {}", d.verdict.family, d.verdict.label,

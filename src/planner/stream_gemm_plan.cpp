@@ -29,7 +29,8 @@ int param(const CandidateSpec& spec, std::string_view name) {
 }
 
 StreamGemmConfig config_of(const CandidateSpec& spec) {
-  return {param(spec, "m_tiles"), param(spec, "n_tiles"), param(spec, "stages"), param(spec, "warps")};
+  return {param(spec, "m_tiles"), param(spec, "n_tiles"), param(spec, "stages"), param(spec, "warps"),
+          param(spec, "k_split")};
 }
 
 bool compiled_tile(int m_tiles, int n_tiles) {
@@ -42,17 +43,25 @@ bool compiled_tile(int m_tiles, int n_tiles) {
 CandidateSpec make_spec(const StreamGemmConfig& c) {
   CandidateSpec s;
   s.label = stream_gemm_label(c);
-  s.params = {{"m_tiles", c.m_tiles}, {"n_tiles", c.n_tiles}, {"stages", c.stages}, {"warps", c.warps}};
+  s.params = {{"m_tiles", c.m_tiles},
+              {"n_tiles", c.n_tiles},
+              {"k_split", c.k_split},
+              {"stages", c.stages},
+              {"warps", c.warps}};
   s.dynamic_smem_bytes = StreamGemmLayout::cta_bytes(c);
   s.smem_how =
       fmt::format("{} warps x {} stages x {} B", c.warps, c.stages, StreamGemmLayout::stage_bytes(c));
+  if (c.k_split > 1)
+    s.smem_how += fmt::format(" + {} x {} B", c.warps, StreamGemmLayout::partial_bytes_per_warp(c));
   s.threads = StreamGemmLayout::threads(c);
   s.resource_key = {c.m_tiles, c.n_tiles};
   if (!compiled_tile(c.m_tiles, c.n_tiles)) {
     s.invalid = fmt::format("(m_tiles, n_tiles) = ({}, {}) is not a compiled instance", c.m_tiles, c.n_tiles);
   } else if (!StreamGemmLayout::valid(c)) {
-    s.invalid =
-        fmt::format("stages={} warps={}: the kernel takes 2..16 stages and 1..8 warps", c.stages, c.warps);
+    s.invalid = fmt::format(
+        "stages={} warps={} k_split={}: the kernel takes 2..16 stages, 1..8 warps and a K split "
+        "of 1, 2, 4 or 8 that divides the warps",
+        c.stages, c.warps, c.k_split);
   }
   return s;
 }
@@ -75,9 +84,10 @@ class StreamGemmFamily final : public KernelFamily {
   }
 
   CandidateSpec parse(std::string_view config) const override {
-    const auto v = parse_config_fields(config, "mnsw", "stream-gemm",
-                                       "m<m_tiles> n<n_tiles> s<stages> w<warps>", "m4 n1 s4 w8");
-    return make_spec({v[0], v[1], v[2], v[3]});
+    const auto v =
+        parse_config_fields(config, "mnksw", "stream-gemm",
+                            "m<m_tiles> n<n_tiles> k<k_split> s<stages> w<warps>", "m4 n1 k2 s4 w8");
+    return make_spec({v[0], v[1], v[3], v[4], v[2]});
   }
 
   std::vector<ByteTerm> smem_terms(const CandidateSpec& spec) const override {
@@ -95,8 +105,11 @@ class StreamGemmFamily final : public KernelFamily {
         {fmt::format("round up to {}", StreamGemmLayout::kStageAlign), stage - raw, "stage alignment", true},
         {"the ring's other stages", static_cast<std::int64_t>(StreamGemmLayout::warp_bytes(c)) - stage,
          fmt::format("{} x {} B (a ring of {} per warp)", c.stages - 1, stage, c.stages)},
-        {"the other warps' rings", StreamGemmLayout::cta_bytes(c) - StreamGemmLayout::warp_bytes(c),
+        {"the other warps' rings", StreamGemmLayout::reduction_offset(c) - StreamGemmLayout::warp_bytes(c),
          fmt::format("{} x {} B ({} warps)", c.warps - 1, StreamGemmLayout::warp_bytes(c), c.warps)},
+        {"K-split reduction area", StreamGemmLayout::cta_bytes(c) - StreamGemmLayout::reduction_offset(c),
+         fmt::format("{} warps x {} B (fp32 partials when K is split)", c.warps,
+                     StreamGemmLayout::partial_bytes_per_warp(c))},
     };
   }
 
@@ -120,44 +133,48 @@ class StreamGemmFamily final : public KernelFamily {
     const double slots = static_cast<double>(p.tokens * p.top_k);
     const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
     const double dram = p.active_experts * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
+    const double dram_item = dram / items;
     // Every mma of an item runs, padding tokens of its token tiles included.
     const double item_flops = 2.0 * 16.0 * c.m_tiles * 8.0 * c.n_tiles * chunks * StreamGemmLayout::kChunkK;
-    // The kernel splits the items x chunks units evenly over every resident warp
-    // (kernels::StreamSplit), so the launch takes the longest of: its DRAM bytes, its L2->SM bytes
-    // (with the fp32 partials of the items cut between warps, written and read back), one warp's
-    // share of units at the latency-bound rate of one warp (its ring in
-    // flight per memory latency), and its mma work at the SMs' mma.sync rate.
-    const double warps =
-        std::max(1.0, static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm * c.warps);
-    const double units = items * chunks;
-    const double busy = std::min(warps, units);
-    const double warp_units = std::ceil(units / busy);
-    const double unit_bytes = weight_chunk + act_chunk;
-    const double in_flight = c.stages * unit_bytes;
-    // Each warp boundary inside an item cuts it: both warps write a partial, the last reads.
-    const auto split =
-        kernels::StreamSplit::of(static_cast<std::int64_t>(std::llround(items)),
-                                 static_cast<std::int64_t>(chunks), static_cast<std::int64_t>(warps));
-    std::int64_t cuts = 0;
-    for (std::int64_t w = 1; w < split.warps; ++w) cuts += split.begin(w) % split.chunks != 0 ? 1 : 0;
-    const double partials =
-        static_cast<double>(cuts) * 2.0 * StreamGemmLayout::partial_bytes(c.m_tiles, c.n_tiles) * 2.0;
-    const double t_dram = dram / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
-    const double t_l2 = (items * l2_item + partials) / (arch.l2_bandwidth_gbs * 1e3);
-    const double t_latency = warp_units * unit_bytes * arch.memory_latency_ns * 1e-3 / in_flight;
-    const double t_compute =
-        items * item_flops / (arch.mma_sync_bf16_tflops * 1e6);  // FLOPs / (TFLOP/s) in us
-    const double t = std::max({t_dram, t_l2, t_latency, t_compute});
-    const char* bound = t == t_dram ? "DRAM" : t == t_l2 ? "L2" : t == t_latency ? "latency" : "compute";
+    // Work items go round-robin to every resident group of k_split warps; each warp of a group
+    // streams its share of the item's chunks. A round with b busy groups takes the longest of its
+    // DRAM bytes, its L2->SM bytes, one warp's share at the latency-bound rate of one warp (its
+    // ring in flight per memory latency), and its mma work at the SMs' mma.sync rate (b groups
+    // spread over the SMs, ceil(b / SMs) on the busiest).
+    const double groups =
+        static_cast<double>(arch.sm_count) * occupancy.blocks_per_sm * (c.warps / c.k_split);
+    const double warp_chunks = std::ceil(chunks / c.k_split);
+    const double in_flight = c.stages * (weight_chunk + act_chunk);
+    struct Round {
+      double t_dram, t_l2, t_latency, t_compute, t;
+    };
+    const auto round = [&](double busy) {
+      Round r{};
+      r.t_dram = busy * dram_item / (arch.dram_bandwidth_gbs * 1e3);  // bytes / (GB/s) in us
+      r.t_l2 = busy * l2_item / (arch.l2_bandwidth_gbs * 1e3);
+      r.t_latency = warp_chunks * (weight_chunk + act_chunk) * arch.memory_latency_ns * 1e-3 / in_flight;
+      r.t_compute = std::ceil(busy / arch.sm_count) * arch.sm_count * item_flops /
+                    (arch.mma_sync_bf16_tflops * 1e6);  // FLOPs / (TFLOP/s) in us
+      r.t = std::max({r.t_dram, r.t_l2, r.t_latency, r.t_compute});
+      return r;
+    };
+    const double full_rounds = std::floor(items / groups);
+    const double rest = items - full_rounds * groups;
+    const Round first = round(full_rounds > 0 ? groups : rest);
+    const double t = full_rounds * round(groups).t + (rest > 0 ? round(rest).t : 0.0);
+    const char* bound = first.t == first.t_dram      ? "DRAM"
+                        : first.t == first.t_l2      ? "L2"
+                        : first.t == first.t_latency ? "latency"
+                                                     : "compute";
     CostEstimate e;
     e.us = t;
     e.how = fmt::format(
-        "{}-bound: {:.0f} items x {:.0f} chunks on {:.0f} warps ({:.0f} chunks each, {} items cut); DRAM "
-        "{:.2f} us, L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp), mma {:.2f} us; {:.2f} "
-        "MB from DRAM at {:.0f} GB/s",
-        bound, items, chunks, busy, warp_units, cuts, t_dram, t_l2, t_latency, in_flight, t_compute,
-        dram / 1e6, arch.dram_bandwidth_gbs);
-    e.in_flight_total = in_flight * busy;
+        "{}-bound: {:.0f} items on {:.0f} groups of {} warp(s) ({:.0f} full round(s) + {:.0f} items); a "
+        "round: DRAM {:.2f} us, L2->SM {:.2f} us, latency {:.2f} us ({:.0f} B in flight per warp), mma "
+        "{:.2f} us; {:.2f} MB from DRAM at {:.0f} GB/s",
+        bound, items, groups, c.k_split, full_rounds, rest, first.t_dram, first.t_l2, first.t_latency,
+        in_flight, first.t_compute, dram / 1e6, arch.dram_bandwidth_gbs);
+    e.in_flight_total = in_flight * std::min(items, groups) * std::min<double>(c.k_split, chunks);
     return e;
   }
 };
@@ -168,9 +185,11 @@ std::vector<StreamGemmConfig> stream_gemm_candidates() {
   std::vector<StreamGemmConfig> out;
   for (const auto& shape : kernels::kStreamTileShapes) {
     for (int warps : kStreamGemmWarps) {
-      for (int stages : kStreamGemmStages) {
-        const StreamGemmConfig c{shape[0], shape[1], stages, warps};
-        if (StreamGemmLayout::valid(c)) out.push_back(c);
+      for (int k_split : kStreamGemmKSplits) {
+        for (int stages : kStreamGemmStages) {
+          const StreamGemmConfig c{shape[0], shape[1], stages, warps, k_split};
+          if (StreamGemmLayout::valid(c)) out.push_back(c);
+        }
       }
     }
   }
@@ -178,7 +197,7 @@ std::vector<StreamGemmConfig> stream_gemm_candidates() {
 }
 
 std::string stream_gemm_label(const StreamGemmConfig& c) {
-  return fmt::format("m{} n{} s{} w{}", c.m_tiles, c.n_tiles, c.stages, c.warps);
+  return fmt::format("m{} n{} k{} s{} w{}", c.m_tiles, c.n_tiles, c.k_split, c.stages, c.warps);
 }
 
 std::string stream_gemm_kernel_key(int m_tiles, int n_tiles, int epilogue) {

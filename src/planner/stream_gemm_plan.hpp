@@ -13,15 +13,16 @@
 namespace fp4moe::planner {
 
 // The tile shapes are kernels::kStreamTileShapes (the compiled instances, stream_gemm_layout.hpp).
-// Stages and warps are launch-time values (a kernel argument and the block size): the candidates
-// are those of these that StreamGemmLayout::valid accepts.
+// Stages, warps and the K split are launch-time values (kernel arguments and the block size):
+// the candidates are those of these that StreamGemmLayout::valid accepts.
 inline constexpr int kStreamGemmStages[] = {2, 3, 4, 6, 8};
 inline constexpr int kStreamGemmWarps[] = {4, 8};
+inline constexpr int kStreamGemmKSplits[] = {1, 2, 4, 8};
 
 // Every candidate, in the order the plan lists them.
 std::vector<kernels::StreamGemmConfig> stream_gemm_candidates();
 
-// "m1 n2 s8 w4": m_tiles, n_tiles, stages, warps.
+// "m1 n2 k2 s8 w4": m_tiles, n_tiles, k_split (warps sharing one item), stages, warps.
 std::string stream_gemm_label(const kernels::StreamGemmConfig& config);
 
 // The name a measured KernelResources entry should carry for an instance: the kernel's template

@@ -75,6 +75,7 @@ nlohmann::json gemm_json(const TunedGemm& g) {
           {"n_tiles", g.choice.n_tiles},
           {"stages", g.choice.stages},
           {"warps", g.choice.warps},
+          {"k_split", g.choice.k_split},
           {"label", gemm_choice_label(g.choice)},
           {"us", g.us}};
 }
@@ -95,6 +96,7 @@ TunedGemm gemm_from_json(const Reader& r, const nlohmann::json& j, const std::st
   g.choice.n_tiles = r.small(j, where, "n_tiles");
   g.choice.stages = r.small(j, where, "stages");
   g.choice.warps = r.small(j, where, "warps");
+  g.choice.k_split = r.small(j, where, "k_split");
   const auto& us = r.at(j, where, "us");
   if (!us.is_number() || us.get<double>() < 0) {
     fail(Errc::kBadFile, "{}: {}.us is not a non-negative number ({})", r.origin(), where, us.dump());

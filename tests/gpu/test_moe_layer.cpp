@@ -192,21 +192,19 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   d.intermediate = 192;
   const LayerWeights w = random_layer_weights(d, 10);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
-  // (stages, warps). The kernel splits items x K chunks evenly over the grid's warps (about 2000
-  // on an H200): at T=1 every warp gets at most one chunk (each item cut into 3-5 partial sums),
-  // at T=37 items are cut between a few warps, and at T=1000 a warp's run holds whole items (about
-  // six of m1 n1) between the cut ones at its ends.
-  const int pipes[][2] = {{2, 1}, {5, 8}, {3, 8}, {2, 4}, {4, 3}};
+  // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps).
+  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}};
   for (const auto& s : shapes) {
     for (const auto& pp : pipes) {
       MoeLayerOptions o;
-      o.max_tokens = 1000;
-      o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1]};
-      o.gemm2 = o.gemm1;
-      SCOPED_TRACE(o.gemm1->to_string());
+      o.max_tokens = 128;
+      o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
+      o.gemm2 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
+      SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
+                   std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " +
+                   std::to_string(pp[2]));
       const MoeLayer layer(w, o);
-      for (std::int64_t t : {1, 37, 1000})
-        expect_matches_reference(w, layer, t, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1] + t));
+      expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
     }
   }
 }
@@ -225,7 +223,7 @@ TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
   for (const auto& c : configs) {
     MoeLayerOptions o;
     o.max_tokens = 512;
-    o.gemm1 = GemmChoice{GemmKernel::kTile, c[0], c[1], c[3], c[2]};
+    o.gemm1 = GemmChoice{GemmKernel::kTile, c[0], c[1], c[3], c[2], 1};
     o.gemm2 = o.gemm1;
     SCOPED_TRACE(o.gemm1->to_string());
     const MoeLayer layer(w, o);
@@ -245,13 +243,13 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   d.topk_group = 1;
   d.shared_intermediate = 208;
   const LayerWeights w = random_layer_weights(d, 16);
-  const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8};
+  const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
   // (n_tiles, stages, consumer warps), and mixed with the stream kernel: GEMM1 then writes h
   // k-permuted for the wgmma GEMM2, or GEMM2 reads it in natural order. 400 and 2 x 208 rows are
   // not multiples of the 256-row item: the last item is partial.
   const int configs[][3] = {{16, 4, 8}, {8, 3, 8}, {16, 5, 8}, {4, 6, 8}};
   for (const auto& c : configs) {
-    const GemmChoice wg{GemmKernel::kWgmma, 2, c[0], c[1], c[2]};
+    const GemmChoice wg{GemmKernel::kWgmma, 2, c[0], c[1], c[2], 1};
     for (int mix = 0; mix < 3; ++mix) {
       MoeLayerOptions o;
       o.max_tokens = 512;

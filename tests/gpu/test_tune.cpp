@@ -142,7 +142,7 @@ TEST(GpuTune, ACacheMadeElsewhereIsIgnoredWithOneLine) {
   TuneEntry e;
   e.shape = tune_shape_of(d);
   e.bucket = 16;
-  e.gate_up = {{GemmKernel::kStream, 1, 1, 2, 4}, 1.0};
+  e.gate_up = {{GemmKernel::kStream, 1, 1, 2, 4, 1}, 1.0};
   e.down = e.gate_up;
   cache.entries.push_back(e);
   const std::string path = dir.file("other.json");
@@ -165,7 +165,7 @@ TEST(GpuTune, AConfigThePlannerRejectsIsNeverTimedNorLaunched) {
   const LayerDesc d = small_desc();
   const LayerWeights w = random_layer_weights(d, 7);
   // 8 warps x 16 stages x 4352 B = 557056 B: more shared memory than any GPU has.
-  const GemmChoice too_big{GemmKernel::kStream, 4, 2, 16, 8};
+  const GemmChoice too_big{GemmKernel::kStream, 4, 2, 16, 8, 1};
   MoeLayerOptions lo;
   lo.max_tokens = 16;
   lo.use_tune_cache = false;
@@ -179,7 +179,7 @@ TEST(GpuTune, AConfigThePlannerRejectsIsNeverTimedNorLaunched) {
     EXPECT_THAT(e.what(), HasSubstr("is rejected by the planner"));
   }
   // A good one times.
-  const gpu::GemmTiming t = timer.time_gemm(GemmKind::kDown, {GemmKernel::kStream, 1, 1, 2, 4}, 1, 3);
+  const gpu::GemmTiming t = timer.time_gemm(GemmKind::kDown, {GemmKernel::kStream, 1, 1, 2, 4, 1}, 1, 3);
   EXPECT_EQ(t.us.size(), 3u);
   EXPECT_GT(t.median(), 0.0);
   // Forced through the options: the constructor refuses it with the planner's numbers.

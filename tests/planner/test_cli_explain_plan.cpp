@@ -102,7 +102,7 @@ TEST(CliExplain, RefusalsAndUnsupportedConfigs) {
 }
 
 TEST(CliExplain, OwnKernelFromItsLayout) {
-  const auto r = run_cli("explain --arch sm_120 --kernel stream-gemm --config \"m1 n1 s8 w8\" --json");
+  const auto r = run_cli("explain --arch sm_120 --kernel stream-gemm --config \"m1 n1 k1 s8 w8\" --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j.at("fits"), false);
@@ -155,7 +155,12 @@ TEST(CliPlan, JsonHasAGemmPerTokenCountAndEveryCandidateFits) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   ASSERT_EQ(j.at("gemms").size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(j.at("gemms")[i].at("pick").at("source"), "picked by the dispatcher");
+  // At T=256 the dispatcher's gate_up config needs 1 KB more than sm_120 has: the planner's
+  // cheapest runs instead.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(j.at("gemms")[i].at("pick").at("source"),
+              i == 2 ? "the planner's cheapest feasible candidate" : "picked by the dispatcher");
+  }
   for (const auto& g : j.at("gemms")) {
     ASSERT_TRUE(g.at("pick").is_object());
     ASSERT_EQ(g.at("plans").size(), 3u);

@@ -21,9 +21,9 @@ using test_util::glm5;
 using test_util::layer;
 using ::testing::HasSubstr;
 
-// The dispatcher picks the same configuration for both GEMMs (`kind` names the one a test means).
-GemmChoice dispatcher(const LayerDesc& l, std::int64_t tokens, GemmKind /*kind*/, const ArchInfo& a) {
-  return gpu::choose_gemm(l, tokens, {a.sm_count, a.smem_per_block_optin, a.smem_per_sm, a.wgmma});
+GemmChoice dispatcher(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const ArchInfo& a) {
+  return gpu::choose_gemm(l, tokens, kind == GemmKind::kGateUp ? gpu::Gemm::kGateUp : gpu::Gemm::kDown,
+                          {a.sm_count, a.smem_per_block_optin, a.smem_per_sm, a.wgmma});
 }
 
 int count_lines_with(const std::string& text, const std::string& what) {
@@ -66,10 +66,10 @@ TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
   // The layer cuts each expert's rows into items of rows_per_item(): the wgmma kernel covers 256
   // rows with 8 or 16 consumer warps alike (a 16-warp count once doubled it and skipped rows).
   for (const int warps : {8, 16}) {
-    EXPECT_EQ((GemmChoice{GemmKernel::kWgmma, 2, 4, 3, warps}).rows_per_item(), 256) << warps;
+    EXPECT_EQ((GemmChoice{GemmKernel::kWgmma, 2, 4, 3, warps, 1}).rows_per_item(), 256) << warps;
   }
-  EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8}).rows_per_item(), 256);
-  EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8}).rows_per_item(), 64);
+  EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8, 1}).rows_per_item(), 256);
+  EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}).rows_per_item(), 64);
   // At T=256 on sm_90 the dispatcher now takes the 32-token wgmma kernel.
   const GemmChoice c = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
   EXPECT_EQ(c.kernel, GemmKernel::kWgmma);
@@ -108,24 +108,42 @@ TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
   EXPECT_THAT(plan.to_string(), HasSubstr("PICK: tile-gemm"));
 }
 
+TEST(LayerPlan, TheDispatchersSm120ConfigThatIsOneKilobyteTooBigIsReplaced) {
+  // GLM-5 at T=256: 8.0003 tokens per expert takes the dispatcher to two token tiles, m4 n2 with
+  // a K split of 2 and its minimum of 2 stages: 8 x 2 x 4352 + 8 x 4096 = 102400 B > 101376 B.
+  const auto& a = arch_by_name("sm_120");
+  ASSERT_EQ(gemm_choice_label(dispatcher(glm5(), 256, GemmKind::kGateUp, a)), "m4 n2 k2 s2 w8");
+  const auto pick = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, a);
+  EXPECT_EQ(pick.source, PickSource::kCheapest);
+  EXPECT_TRUE(pick.verdict.feasible);
+  EXPECT_EQ(
+      pick.why,
+      "the planner's cheapest feasible candidate; the dispatcher's stream-gemm m4 n2 k2 s2 w8 is rejected on "
+      "sm_120: needs 102400 B of shared memory per block (8 warps x 2 stages x 4352 B + 8 x 4096 B), sm_120 "
+      "allows 101376 B: over by 1024 B");
+  // Hopper takes the dispatcher's.
+  EXPECT_EQ(pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).source,
+            PickSource::kDispatcher);
+}
+
 TEST(LayerPlan, ATunedPreferenceComesFirstWhenAccepted) {
   const auto& a = arch_by_name("sm_120");
-  const GemmChoice tuned{GemmKernel::kStream, 2, 1, 4, 8};
+  const GemmChoice tuned{GemmKernel::kStream, 2, 1, 4, 8, 2};
   const auto pick = pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
                                     GemmPreference{tuned, PickSource::kTuned, "tune cache x.json, bucket 1"});
   EXPECT_EQ(pick.source, PickSource::kTuned);
   EXPECT_EQ(pick.choice, tuned);
   EXPECT_EQ(pick.why, "tuned on this GPU (tune cache x.json, bucket 1)");
-  EXPECT_EQ(pick.to_string(), "stream-gemm m2 n1 s4 w8 (tuned on this GPU (tune cache x.json, bucket 1))");
+  EXPECT_EQ(pick.to_string(), "stream-gemm m2 n1 k2 s4 w8 (tuned on this GPU (tune cache x.json, bucket 1))");
   // 8 warps x 8 stages x 1664 B = 106496 B does not fit sm_120's 101376: passed over, the
   // dispatcher decides and says so.
-  const GemmChoice too_big{GemmKernel::kStream, 1, 1, 8, 8};
+  const GemmChoice too_big{GemmKernel::kStream, 1, 1, 8, 8, 1};
   const auto over =
       pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
                       GemmPreference{too_big, PickSource::kTuned, "tune cache x.json, bucket 1"});
   EXPECT_EQ(over.source, PickSource::kDispatcher);
   EXPECT_EQ(over.choice, dispatcher(glm5(), 1, GemmKind::kGateUp, a));
-  EXPECT_THAT(over.why, HasSubstr("picked by the dispatcher; stream-gemm m1 n1 s8 w8 (tune cache x.json, "
+  EXPECT_THAT(over.why, HasSubstr("picked by the dispatcher; stream-gemm m1 n1 k1 s8 w8 (tune cache x.json, "
                                   "bucket 1) passed over: needs 106496 B"));
 }
 
@@ -139,35 +157,43 @@ TEST(LayerPlan, ARejectedForcedConfigThrowsThePlannersReason) {
       error_of(
           [&] {
             pick_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
-                            forced({GemmKernel::kStream, 1, 1, 8, 8}));
+                            forced({GemmKernel::kStream, 1, 1, 8, 8, 1}));
           },
           &code),
-      HasSubstr("GEMM config stream-gemm m1 n1 s8 w8 (MoeLayerOptions::gemm1, forced by the caller) is "
+      HasSubstr("GEMM config stream-gemm m1 n1 k1 s8 w8 (MoeLayerOptions::gemm1, forced by the caller) is "
                 "rejected by the planner for gate_up N=4096 K=6144"));
   EXPECT_EQ(code, Errc::kDoesNotFit);
   EXPECT_THAT(error_of(
                   [&] {
                     plan_layer_gemm(glm5(), 1, GemmKind::kGateUp, a, nullptr,
-                                    forced({GemmKernel::kStream, 3, 1, 4, 8}));
+                                    forced({GemmKernel::kStream, 3, 1, 4, 8, 1}));
                   },
                   &code),
               HasSubstr("(m_tiles, n_tiles) = (3, 1) is not a compiled instance"));
+  EXPECT_EQ(code, Errc::kInvalidArgument);
+  EXPECT_THAT(error_of(
+                  [&] {
+                    pick_layer_gemm(glm5(), 1, GemmKind::kDown, a, nullptr,
+                                    forced({GemmKernel::kTile, 2, 8, 4, 8, 2}));
+                  },
+                  &code),
+              HasSubstr("k_split=2: the tile kernel does not split K"));
   EXPECT_EQ(code, Errc::kInvalidArgument);
 }
 
 TEST(LayerPlan, AForcedConfigOutsideTheCandidateGridIsJudgedAndListed) {
   // One warp, 5 stages: a valid launch that is not among the stream family's candidates.
-  const GemmChoice one_warp{GemmKernel::kStream, 1, 1, 5, 1};
+  const GemmChoice one_warp{GemmKernel::kStream, 1, 1, 5, 1, 1};
   const auto plan = plan_layer_gemm(glm5(), 3, GemmKind::kDown, arch_by_name("sm_90"), nullptr,
                                     GemmPreference{one_warp, PickSource::kForced, "MoeLayerOptions::gemm2"});
   ASSERT_TRUE(plan.ok);
   EXPECT_EQ(plan.pick.choice, one_warp);
   EXPECT_EQ(plan.pick.why, "forced by the caller (MoeLayerOptions::gemm2)");
   ASSERT_EQ(plan.plans.size(), 3u);
-  EXPECT_EQ(plan.plans[0].candidates.back().label, "m1 n1 s5 w1");
+  EXPECT_EQ(plan.plans[0].candidates.back().label, "m1 n1 k1 s5 w1");
   const auto text = plan.to_string();
   EXPECT_EQ(count_lines_with(text, "<- PICK"), 1) << text;
-  EXPECT_THAT(text, HasSubstr("m1 n1 s5 w1"));
+  EXPECT_THAT(text, HasSubstr("m1 n1 k1 s5 w1"));
 }
 
 TEST(LayerPlan, NothingFeasibleIsARefusalWithTheNumbers) {
@@ -216,12 +242,12 @@ TEST(LayerPlan, EveryCandidateConvertsToAChoiceAndBack) {
       ++n;
     }
   }
-  EXPECT_GT(n, 100);
+  EXPECT_GT(n, 200);
   CandidateVerdict other;
   other.family = "cutlass-grouped";
   EXPECT_THAT(error_of([&] { choice_of_candidate(other); }), HasSubstr("not one the layer runs"));
   EXPECT_EQ(choice_of_candidate(plan.plans[2].candidates[0]),
-            (GemmChoice{GemmKernel::kWgmma, 2, 4, 3, 8}));  // the first candidate: n4 s3 w8
+            (GemmChoice{GemmKernel::kWgmma, 2, 4, 3, 8, 1}));  // the first candidate: n4 s3 w8
   EXPECT_EQ(pick_source_name(PickSource::kCheapest), "the planner's cheapest feasible candidate");
 }
 

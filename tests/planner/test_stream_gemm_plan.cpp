@@ -157,7 +157,7 @@ TEST(StreamGemmPlan, OversizedConfigsAreRejectedWithTheirNumbers) {
       planner::plan_stream_gemm(glm5(), 1, GemmKind::kGateUp, arch_by_name("sm_120"), &kNoResources);
   bool found = false;
   for (const auto& c : p.plan.candidates) {
-    if (c.label != "m1 n1 s8 w8") continue;
+    if (c.label != "m1 n1 k1 s8 w8") continue;
     found = true;
     EXPECT_FALSE(c.feasible);
     EXPECT_EQ(c.reason,
@@ -169,7 +169,7 @@ TEST(StreamGemmPlan, OversizedConfigsAreRejectedWithTheirNumbers) {
   const auto h =
       planner::plan_stream_gemm(glm5(), 1, GemmKind::kGateUp, arch_by_name("sm_90"), &kNoResources);
   for (const auto& c : h.plan.candidates) {
-    if (c.label == "m1 n1 s8 w8") {
+    if (c.label == "m1 n1 k1 s8 w8") {
       EXPECT_TRUE(c.feasible) << c.reason;
     }
   }
@@ -188,7 +188,7 @@ TEST(StreamGemmPlan, NothingFitsMeansARefusalWithTheClosestNumbers) {
   EXPECT_THAT(msg, HasSubstr("plan: no stream-gemm config fits down N=6144 K=2048"));
   EXPECT_THAT(
       msg,
-      HasSubstr("the smallest, m1 n1 s2 w4, needs 13312 B of shared memory per block (4 warps x 2 stages "
+      HasSubstr("the smallest, m1 n1 k1 s2 w4, needs 13312 B of shared memory per block (4 warps x 2 stages "
                 "x 1664 B), sm_tiny allows 8192 B: over by 5120 B"));
   EXPECT_THAT(p.plan.to_string(), HasSubstr("chosen: none"));
 }
@@ -202,14 +202,14 @@ TEST(StreamGemmPlan, RegistersComeFromTheResourcesAndCanLimitOccupancy) {
   const auto p = planner::plan_stream_gemm(glm5(), 1, GemmKind::kDown, arch_by_name("sm_90"), &measured);
   EXPECT_THAT(p.plan.resources_note, HasSubstr("measured (cudaFuncGetAttributes on device 0)"));
   for (const auto& c : p.plan.candidates) {
-    if (c.label == "m1 n1 s2 w8") {
+    if (c.label == "m1 n1 k1 s2 w8") {
       EXPECT_EQ(c.registers, 255);
       EXPECT_EQ(c.registers_source, ResourceSource::kMeasured);
       EXPECT_EQ(c.occupancy.by_registers, 1);
       EXPECT_EQ(c.occupancy.blocks_per_sm, 1);
       EXPECT_EQ(c.occupancy.limiter, "registers");
     }
-    if (c.label == "m2 n1 s2 w8") {
+    if (c.label == "m2 n1 k1 s2 w8") {
       EXPECT_EQ(c.registers, 0);  // not measured: unknown
     }
   }
@@ -243,18 +243,17 @@ TEST(StreamGemmCost, OneExpertOneTokenByHand) {
   const auto p = planner::plan_stream_gemm(layer(64, 64, 1, 1), 1, GemmKind::kDown, a, &kNoResources);
   const CandidateVerdict* c = nullptr;
   for (const auto& x : p.plan.candidates) {
-    if (x.label == "m1 n1 s2 w4") c = &x;
+    if (x.label == "m1 n1 k1 s2 w4") c = &x;
   }
   ASSERT_NE(c, nullptr);
-  // Items: 4 (4 row blocks x 1 token block) of one chunk; per item 576 B of weights + scales and
-  // 1 token x 64 x 2 B = 128 B of activations: 704 B. DRAM: 4 x 576 + 64 x 2 (activations) +
-  // 64 x 4 (fp32 out) = 2688 B. 7 blocks of 4 warps fit an SM; 4 of the 28 warps get a unit each
-  // (no item is cut): DRAM 2688 / 1000 = 2.688 us, L2 4 x 704 / 2000 = 1.408 us, latency
-  // 704 x 1 us / (2 x 704) = 0.5 us.
+  // Items: 4 (4 row blocks x 1 token block); per item 576 B of weights + scales and 1 token x 64 x
+  // 2 B = 128 B of activations: 704 B. DRAM: 4 x 576 + 64 x 2 (activations) + 64 x 4 (fp32 out)
+  // = 2688 B, 672 per item. 7 blocks of 4 warps fit an SM, so one round of 4 busy warps:
+  // DRAM 4 x 672 / 1000 = 2.688 us, L2 4 x 704 / 2000 = 1.408 us, latency 704 x 1 us / (2 x 704) =
+  // 0.5 us.
   EXPECT_EQ(c->occupancy.blocks_per_sm, 7);
   EXPECT_NEAR(c->cost_us, 2.688, 1e-12);
-  EXPECT_THAT(c->cost_how,
-              HasSubstr("DRAM-bound: 4 items x 1 chunks on 4 warps (1 chunks each, 0 items cut)"));
+  EXPECT_THAT(c->cost_how, HasSubstr("DRAM-bound: 4 items on 28 groups of 1 warp(s)"));
 }
 
 TEST(StreamGemmCost, LatencyBoundWhenTheRingIsShallow) {
@@ -265,19 +264,17 @@ TEST(StreamGemmCost, LatencyBoundWhenTheRingIsShallow) {
   a.memory_latency_ns = 1000;
   const auto p = planner::plan_stream_gemm(layer(64, 64, 1, 1), 1, GemmKind::kDown, a, &kNoResources);
   for (const auto& c : p.plan.candidates) {
-    if (c.label != "m1 n1 s2 w4" && c.label != "m1 n1 s4 w4") continue;
+    if (c.label != "m1 n1 k1 s2 w4" && c.label != "m1 n1 k1 s4 w4") continue;
     // One item at the latency-bound rate of one warp: 704 B / (stages x 704 B per us).
-    EXPECT_NEAR(c.cost_us, c.label == "m1 n1 s2 w4" ? 0.5 : 0.25, 1e-9) << c.label;
+    EXPECT_NEAR(c.cost_us, c.label == "m1 n1 k1 s2 w4" ? 0.5 : 0.25, 1e-9) << c.label;
     EXPECT_THAT(c.cost_how, HasSubstr("latency-bound")) << c.label;
   }
 }
 
-TEST(StreamGemmCost, TheSplitSpreadsALoneItemOverTheWarps) {
-  // One 64-row item (m_tiles 4) over K = 512: 8 chunks of 2304 B of weights and scales + 128 B of
-  // the one token's activations. Four blocks of 8 warps fit the SM; the 8 units go to 8 warps, one
-  // each, so the latency bound is one chunk: 2432 B x 1 us / (2 stages x 2432 B) = 0.5 us (a lone
-  // warp would take 8 x 0.5 = 4 us). 7 warp boundaries cut the item; their partials (7 x 2 x
-  // 2048 B written and read) cost nothing at this L2 rate.
+TEST(StreamGemmCost, SplittingKShortensTheLatencyBoundItem) {
+  // One 64-row item (m_tiles 4) over K = 512 (8 chunks of 2304 B of weights and scales + 128 B
+  // of the one token's activations): a lone warp with 2 stages in flight takes 8 chunks x 1 us /
+  // 2 = 4 us; split over 8 warps, each streams one chunk: 0.5 us.
   ArchInfo a = arch_by_name("sm_90");
   a.sm_count = 1;
   a.dram_bandwidth_gbs = 1e6;
@@ -286,31 +283,34 @@ TEST(StreamGemmCost, TheSplitSpreadsALoneItemOverTheWarps) {
   const auto p = planner::plan_stream_gemm(layer(64, 512, 1, 1), 1, GemmKind::kDown, a, &kNoResources);
   int seen = 0;
   for (const auto& c : p.plan.candidates) {
-    if (c.label == "m4 n1 s2 w8") {
+    if (c.label == "m4 n1 k1 s2 w8") {
+      EXPECT_NEAR(c.cost_us, 4.0, 1e-9);
+      ++seen;
+    }
+    if (c.label == "m4 n1 k8 s2 w8") {
       EXPECT_NEAR(c.cost_us, 0.5, 1e-9);
-      EXPECT_THAT(c.cost_how,
-                  HasSubstr("latency-bound: 1 items x 8 chunks on 8 warps (1 chunks each, 7 items cut)"));
       ++seen;
     }
   }
-  EXPECT_EQ(seen, 1);
+  EXPECT_EQ(seen, 2);
+  EXPECT_THAT(p.plan.best().label, HasSubstr("k8"));
 }
 
 // ---- explain for our kernels, family lookup, printing ----------------------------------------
 
 TEST(ExplainKernel, BreakdownAddsUpToTheLayout) {
-  const auto e = explain_kernel("stream-gemm", "m1 n1 s8 w8", arch_by_name("sm_120"), &kNoResources);
+  const auto e = explain_kernel("stream-gemm", "m1 n1 k1 s8 w8", arch_by_name("sm_120"), &kNoResources);
   std::int64_t sum = 0;
   for (const auto& t : e.smem_terms) sum += t.bytes;
-  EXPECT_EQ(sum, StreamGemmLayout::cta_bytes({1, 1, 8, 8}));
+  EXPECT_EQ(sum, StreamGemmLayout::cta_bytes({1, 1, 8, 8, 1}));
   EXPECT_EQ(sum, 106496);
   EXPECT_FALSE(e.verdict.feasible);
   // One fix per launch parameter that has one: fewer stages (6 of the candidates' 2, 3, 4, 6, 8),
-  // fewer warps (4).
+  // fewer warps (4). A K split only adds the reduction area.
   ASSERT_EQ(e.alternatives.size(), 2u);
-  EXPECT_EQ(e.alternatives[0].label, "m1 n1 s6 w8");
+  EXPECT_EQ(e.alternatives[0].label, "m1 n1 k1 s6 w8");
   EXPECT_EQ(e.alternatives[0].dynamic_smem_bytes, 79872);
-  EXPECT_EQ(e.alternatives[1].label, "m1 n1 s8 w4");
+  EXPECT_EQ(e.alternatives[1].label, "m1 n1 k1 s8 w4");
   EXPECT_EQ(e.alternatives[1].dynamic_smem_bytes, 53248);
   const auto j = nlohmann::json::parse(e.to_json());
   EXPECT_EQ(j.at("fits"), false);
@@ -324,18 +324,30 @@ TEST(ExplainKernel, BreakdownAddsUpToTheLayout) {
               HasSubstr("fixes that fit (the same compiled instance, one launch parameter changed):"));
 }
 
+TEST(ExplainKernel, KSplitAddsTheReductionArea) {
+  // The layout header's own example: 8 warps x 3 stages x 3328 B + 8 x 4 x 512 B.
+  const auto e = explain_kernel("stream-gemm", "m4 n1 k4 s3 w8", arch_by_name("sm_90"), &kNoResources);
+  EXPECT_EQ(e.verdict.dynamic_smem_bytes, 8 * 3 * 3328 + 8 * 4 * 512);
+  ASSERT_FALSE(e.smem_terms.empty());
+  EXPECT_EQ(e.smem_terms.back().name, "K-split reduction area");
+  EXPECT_EQ(e.smem_terms.back().bytes, 8 * 4 * 512);
+  EXPECT_TRUE(e.verdict.feasible);
+  EXPECT_TRUE(e.alternatives.empty());
+}
+
 TEST(ExplainKernel, BadConfigsAndFamiliesAreNamed) {
   const auto& a = arch_by_name("sm_90");
-  // "m1 n1 s8 w8": the K split of 0.2.0 is gone (the kernel splits K by itself).
-  for (const char* bad :
-       {"m1 n1 s8", "m1 n1 s8 w8 x", "n1 m1 s8 w8", "m0 n1 s8 w8", "m1,n1,s8,wx", "m1 n1 k1 s8 w8"}) {
+  for (const char* bad : {"m1 n1 k1 s8", "m1 n1 k1 s8 w8 x", "n1 m1 k1 s8 w8", "m0 n1 k1 s8 w8",
+                          "m1,n1,k1,s8,wx", "m1 n1 s8 w8"}) {
     EXPECT_THAT(error_of([&] { explain_kernel("stream-gemm", bad, a); }), HasSubstr("stream-gemm config"))
         << bad;
   }
-  EXPECT_EQ(explain_kernel("stream-gemm", "m1,n1,s8,w8", a).verdict.label, "m1 n1 s8 w8");
-  EXPECT_THAT(explain_kernel("stream-gemm", "m3 n1 s8 w8", a).verdict.reason,
+  EXPECT_EQ(explain_kernel("stream-gemm", "m1,n1,k1,s8,w8", a).verdict.label, "m1 n1 k1 s8 w8");
+  EXPECT_THAT(explain_kernel("stream-gemm", "m3 n1 k1 s8 w8", a).verdict.reason,
               HasSubstr("(m_tiles, n_tiles) = (3, 1) is not a compiled instance"));
-  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 s8 w16", a).verdict.reason, HasSubstr("1..8 warps"));
+  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k1 s8 w16", a).verdict.reason, HasSubstr("1..8 warps"));
+  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k3 s8 w8", a).verdict.reason,
+              HasSubstr("a K split of 1, 2, 4 or 8 that divides the warps"));
   EXPECT_THAT(
       error_of([&] { plan_kernels("prefill-gemm", make_gemm_problem(glm5(), 1, GemmKind::kDown), a); }),
       HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm, wgmma-gemm)"));
@@ -349,7 +361,7 @@ TEST(PlanPrinting, TextAndJsonCarryThePickAndTheRejected) {
   EXPECT_THAT(s, HasSubstr("plan: stream-gemm for gate_up N=4096 K=6144"));
   EXPECT_THAT(s, HasSubstr("<- chosen"));
   EXPECT_THAT(s, HasSubstr("chosen: " + p.best().label));
-  EXPECT_THAT(s, HasSubstr("m1 n1 s8 w8: needs 106496 B"));
+  EXPECT_THAT(s, HasSubstr("m1 n1 k1 s8 w8: needs 106496 B"));
   const auto j = nlohmann::json::parse(p.to_json());
   EXPECT_EQ(j.at("chosen"), p.best().label);
   EXPECT_EQ(j.at("candidates").size(), p.candidates.size());

@@ -52,7 +52,7 @@ TEST(WgmmaGemmPlan, OnlySm90RunsIt) {
   // Forcing it there is unsupported, not a shape error.
   try {
     pick_layer_gemm(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, arch_by_name("sm_120"), nullptr,
-                    GemmPreference{{GemmKernel::kWgmma, 2, 16, 4, 8}, PickSource::kForced, "test"});
+                    GemmPreference{{GemmKernel::kWgmma, 2, 16, 4, 8, 1}, PickSource::kForced, "test"});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kUnsupported);
@@ -76,11 +76,11 @@ TEST(WgmmaGemmPlan, FixedRowsWarpsAndNoKSplit) {
   const auto& a = arch_by_name("sm_90");
   try {
     pick_layer_gemm(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, a, nullptr,
-                    GemmPreference{{GemmKernel::kWgmma, 4, 16, 4, 8}, PickSource::kForced, "test"});
+                    GemmPreference{{GemmKernel::kWgmma, 4, 16, 4, 8, 1}, PickSource::kForced, "test"});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-    EXPECT_THAT(e.what(), HasSubstr("m_tiles=4: the wgmma kernel runs 256 rows (m_tiles 2)"));
+    EXPECT_THAT(e.what(), HasSubstr("m_tiles=4 k_split=1: the wgmma kernel runs 256 rows (m_tiles 2)"));
   }
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n32 s4 w8", a).verdict.reason,
               HasSubstr("n32 w8 is not a compiled instance (n4 w8, n8 w8, n16 w8)"));

@@ -46,17 +46,17 @@ TuneCache sample_cache() {
   TuneEntry e;
   e.shape = tune_shape_of(layer_preset("glm5"));
   e.bucket = 16;
-  e.gate_up = {{GemmKernel::kStream, 4, 2, 3, 8}, 12.5};
-  e.down = {{GemmKernel::kStream, 2, 2, 4, 4}, 7.25};
+  e.gate_up = {{GemmKernel::kStream, 4, 2, 3, 8, 2}, 12.5};
+  e.down = {{GemmKernel::kStream, 2, 2, 4, 4, 1}, 7.25};
   c.entries.push_back(e);
   e.shape = tune_shape_of(small_layer());
   e.bucket = 4096;
-  e.gate_up = {{GemmKernel::kTile, 2, 8, 6, 8}, 2800.0};
-  e.down = {{GemmKernel::kTile, 2, 4, 3, 8}, 1400.5};
+  e.gate_up = {{GemmKernel::kTile, 2, 8, 6, 8, 1}, 2800.0};
+  e.down = {{GemmKernel::kTile, 2, 4, 3, 8, 1}, 1400.5};
   c.entries.push_back(e);
   e.bucket = 8192;
-  e.gate_up = {{GemmKernel::kWgmma, 2, 16, 4, 8}, 5000.0};
-  e.down = {{GemmKernel::kWgmma, 2, 8, 3, 8}, 2500.0};
+  e.gate_up = {{GemmKernel::kWgmma, 2, 16, 4, 8, 1}, 5000.0};
+  e.down = {{GemmKernel::kWgmma, 2, 8, 3, 8, 1}, 2500.0};
   c.entries.push_back(e);
   return c;
 }
@@ -140,7 +140,7 @@ TEST(TuneCache, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(j.at("metadata").at("compute_capability"), "9.0");
   EXPECT_EQ(j.at("entries")[0].at("shape").at("router"), "sigmoid-group");
   EXPECT_EQ(j.at("entries")[0].at("tokens_bucket"), 16);
-  EXPECT_EQ(j.at("entries")[0].at("gate_up").at("label"), "m4 n2 s3 w8");
+  EXPECT_EQ(j.at("entries")[0].at("gate_up").at("label"), "m4 n2 k2 s3 w8");
   EXPECT_EQ(j.at("entries")[1].at("down").at("kernel"), "tile");
   EXPECT_EQ(j.at("entries")[2].at("gate_up").at("kernel"), "wgmma");
   EXPECT_EQ(j.at("entries")[2].at("gate_up").at("label"), "n16 s4 w8");
@@ -263,8 +263,8 @@ TEST(TuneCache, MismatchedMetadataIsIgnoredWithOneLine) {
                 "HBM3, CUDA 12.8 (until it is remade with fp4moe tune, the planner and dispatcher "
                 "decide)");
   here = h200();
-  here.fp4moe = "0.3.0";
-  EXPECT_THAT(load_tune_cache(path, here).message, HasSubstr("made with fp4moe 0.1.0, this is fp4moe 0.3.0"));
+  here.fp4moe = "0.2.0";
+  EXPECT_THAT(load_tune_cache(path, here).message, HasSubstr("made with fp4moe 0.1.0, this is fp4moe 0.2.0"));
   here = h200();
   here.sm = 100;
   EXPECT_THAT(load_tune_cache(path, here).message,
