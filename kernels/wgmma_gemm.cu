@@ -38,6 +38,11 @@ namespace {
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address >> 4,
 // leading byte offset 1 (unused by K-major swizzled layouts), stride byte offset 1024 (8 rows of
 // 128 B: the distance between swizzle atoms along N), swizzle mode 1 = 128 B.
+// NOTE: the masked bits are the offset in the CTA's shared memory (at most 228 KB < 2^18; sm_90
+// puts the CTA's id in its cluster from bit 24 on), so over one CTA's allocation the field is linear:
+// b_descriptor(smem + o) = b_descriptor(smem) + o / 16 for o a multiple of 16 with smem + o in the
+// allocation, and the sum never carries out of the field's 14 bits. The consumers add k-step
+// offsets to one descriptor per chunk this way.
 __device__ __forceinline__ std::uint64_t b_descriptor(std::uint32_t smem) {
   return static_cast<std::uint64_t>((smem & 0x3ffff) >> 4) | (1ull << 16) |
          (static_cast<std::uint64_t>(1024 >> 4) << 32) | (1ull << 62);
@@ -283,15 +288,17 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   const int t = lane & 3;
 
   // This warp's kMB tiles (rows 64 (kMB wg + i) + 16 wi) of the chunk in stage `st`, decoded for
-  // the 4 k-steps.
+  // the 4 k-steps. Tile i is tile wi of weight block kMB wg + i: its lane's 16 weight bytes and 2
+  // scale bytes lie at fixed offsets from the stage, i blocks apart.
+  const std::uint32_t w_off = wg * kMB * WeightLayout::kBlockBytes + wi * WeightLayout::kTileWeightBytes +
+                              lane * WeightLayout::kLaneWeightBytes;
+  const std::uint32_t s_off = wg * kMB * WeightLayout::kBlockBytes + WeightLayout::kBlockWeightBytes +
+                              wi * WeightLayout::kTileScaleBytes + lane * WeightLayout::kLaneScaleBytes;
   auto decode = [&](std::uint32_t st, std::uint32_t(&a)[kMB][4][4]) {
 #pragma unroll
     for (int i = 0; i < kMB; ++i) {
-      const int tile = wg * (4 * kMB) + 4 * i + wi;
-      const std::uint32_t blk = st + (tile >> 2) * WeightLayout::kBlockBytes;
-      const uint4 wq = lds128(blk + (tile & 3) * WeightLayout::kTileWeightBytes + lane * 16);
-      const std::uint32_t sc = lds16(blk + WeightLayout::kBlockWeightBytes +
-                                     (tile & 3) * WeightLayout::kTileScaleBytes + lane * 2);
+      const uint4 wq = lds128(st + w_off + i * WeightLayout::kBlockBytes);
+      const std::uint32_t sc = lds16(st + s_off + i * WeightLayout::kBlockBytes);
       const std::uint32_t s_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
       const std::uint32_t s_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
       const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -307,13 +314,15 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   };
 
   float acc[kMB][NT * 4];
+  // One descriptor per chunk: k-step s reads the token block from 32 s bytes on, 2 s further
+  // (see b_descriptor).
   auto mma = [&](std::uint32_t st, const std::uint32_t(&a)[kMB][4][4]) {
+    const std::uint64_t desc = b_descriptor(st + kActOff);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const std::uint64_t desc = b_descriptor(st + kActOff + s * 32);
 #pragma unroll
-      for (int i = 0; i < kMB; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc);
+      for (int i = 0; i < kMB; ++i) wgmma_rs<NT>(acc[i], a[i][s], desc + 2 * s);
     }
     wgmma_commit();
   };
@@ -344,23 +353,24 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     // into the other A set; chunk c - 1's stage is freed once its wgmmas are done (wait_group 1).
     std::uint32_t a0[kMB][4][4], a1[kMB][4][4];
     int cur = next_stage();
-    decode(base + cur * stage_bytes, a0);
-    int prev = -1;
-    for (int c = 0; c < n_chunks; ++c) {
-      if (c & 1)
-        mma(base + cur * stage_bytes, a1);
-      else
-        mma(base + cur * stage_bytes, a0);
+    std::uint32_t st = base + cur * stage_bytes;
+    decode(st, a0);
+    int prev = 0;  // chunk c - 1's stage, for c > 0
+    // Chunk c: its wgmmas on A set `a`; chunk c - 1's stage freed; the next chunk, if there is one
+    // (the result), decoded into `next`. The loop runs two chunks per trip so that even chunks use
+    // a0 and odd ones a1 with no branch on c.
+    auto step = [&](int c, const std::uint32_t(&a)[kMB][4][4], std::uint32_t(&next)[kMB][4][4]) {
+      mma(st, a);
       wgmma_wait_one();
-      if (prev >= 0) release(prev);
+      if (c > 0) release(prev);
       prev = cur;
-      if (c + 1 < n_chunks) {
-        cur = next_stage();
-        if (c & 1)
-          decode(base + cur * stage_bytes, a0);
-        else
-          decode(base + cur * stage_bytes, a1);
-      }
+      if (c + 1 >= n_chunks) return false;
+      cur = next_stage();
+      st = base + cur * stage_bytes;
+      decode(st, next);
+      return true;
+    };
+    for (int c = 0; step(c, a0, a1) && step(c + 1, a1, a0); c += 2) {
     }
     wgmma_wait_all();
     release(prev);
