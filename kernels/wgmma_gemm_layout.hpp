@@ -45,11 +45,10 @@ struct WgmmaShape {
   int n_tiles;
   int consumer_warps;
 };
-// NOTE: the kernel template also takes 16 consumer warps (four warpgroups of 64 rows, 104
-// registers each; n16 would spill). Those instances compile without spills but are left out
-// until a GPU run verifies them: the only H200 run of them counted the wrong item size on the
-// host (fixed since) and measured nothing usable.
-inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 8}, {8, 8}, {16, 8}};
+// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 232 registers). 16: four
+// warpgroups of 64 rows (104 registers each; n16 would spill, so 32 and 64 tokens only), twice
+// the warps to hide the decode's latency at the cost of more per-chunk overhead per row.
+inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 8}, {8, 8}, {16, 8}, {4, 16}, {8, 16}};
 
 struct WgmmaGemmLayout {
   static constexpr int kProducerWarps = 4;  // one warpgroup (one thread of it issues the copies)

@@ -25,7 +25,7 @@ Plan wgmma_plan(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const Ar
 
 TEST(WgmmaGemmPlan, CandidatesAreTheCompiledTokenTilesTimesStagesWithTheLayoutsBytes) {
   const auto configs = planner::wgmma_gemm_candidates();
-  ASSERT_EQ(configs.size(), 3u * 6u);  // n4 w8, n8 w8, n16 w8 x stages 3..8
+  ASSERT_EQ(configs.size(), 5u * 6u);  // n4 w8, n8 w8, n16 w8, n4 w16, n8 w16 x stages 3..8
   const auto p = wgmma_plan(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, arch_by_name("sm_90"));
   ASSERT_EQ(p.candidates.size(), configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -83,7 +83,7 @@ TEST(WgmmaGemmPlan, FixedRowsWarpsAndNoKSplit) {
     EXPECT_THAT(e.what(), HasSubstr("m_tiles=4 k_split=1: the wgmma kernel runs 256 rows (m_tiles 2)"));
   }
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n32 s4 w8", a).verdict.reason,
-              HasSubstr("n32 w8 is not a compiled instance (n4 w8, n8 w8, n16 w8)"));
+              HasSubstr("n32 w8 is not a compiled instance (n4 w8, n8 w8, n16 w8, n4 w16, n8 w16)"));
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s4 w16", a).verdict.reason,
               HasSubstr("n16 w16 is not a compiled instance"));
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s2 w8", a).verdict.reason, HasSubstr("3..8 stages"));
