@@ -25,15 +25,15 @@ __device__ __forceinline__ float gemm_activation(StreamEpilogue epi, float gate,
 }
 
 // Stores one token's results of 16-row tile `tile` (within the expert): rows tile*16 + g and
-// tile*16 + g + 8 carry v_g and v_g8. GEMM2 (kStoreF32): y[out_row][row] = v * post_scale (+
-// bias). GEMM1: the tile's rows g and g+8 are the gate and up of intermediate index tile*8 + g;
+// tile*16 + g + 8 carry v_g and v_g8. GEMM2 (kStoreBf16): y[out_row][row] = bf16(v * post_scale
+// (+ bias)). GEMM1: the tile's rows g and g+8 are the gate and up of intermediate index tile*8 + g;
 // h[out_row][that index] = act(gate, up) in bf16, at its k-permuted column when out_permuted.
 template <StreamEpilogue EPI>
 __device__ __forceinline__ void store_token(const StreamGemmArgs& p, int expert, int tile, int g,
                                             std::int64_t out_row, float v_g, float v_g8) {
   const float* ps = p.post_scale + 2 * expert;
-  if constexpr (EPI == StreamEpilogue::kStoreF32) {
-    float* y = static_cast<float*>(p.out) + out_row * p.out_ld;
+  if constexpr (EPI == StreamEpilogue::kStoreBf16) {
+    std::uint16_t* y = static_cast<std::uint16_t*>(p.out) + out_row * p.out_ld;
     const float v[2] = {v_g, v_g8};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -41,7 +41,7 @@ __device__ __forceinline__ void store_token(const StreamGemmArgs& p, int expert,
       if (row >= p.rows) continue;
       float val = v[h] * ps[0];
       if (p.bias != nullptr) val += p.bias[static_cast<std::int64_t>(expert) * p.rows + row];
-      y[row] = val;
+      y[row] = f32_to_bf16_bits(val);
     }
   } else {
     const int inter = p.rows / 2;

@@ -1,8 +1,8 @@
 // Finalize: out[t] = bf16( sum_j w[t][j] * y[slot(t, j)] + sum_p y[slot(t, shared piece p)] ),
 // accumulated in fp32 in rank order, then the shared expert's pieces: deterministic (no atomics).
 //
-//   grid (T, ceil(H / 2048)); each thread owns 8 consecutive hidden values (two float4 loads per
-//   pick, one 16-byte store).
+//   grid (T, ceil(H / 2048)); each thread owns 8 consecutive hidden values (one 16-byte load of
+//   8 bf16 per pick, one 16-byte store).
 #include "kernels/common.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
@@ -28,13 +28,14 @@ __global__ void __launch_bounds__(kThreads) fp4moe_finalize(const FinalizeArgs a
   for (int j = 0; j < picks; ++j) {
     if (slots[j] < 0) continue;  // a caller-given id outside [0, E)
     const float w = j < a.top_k ? a.topk_weights[static_cast<std::int64_t>(t) * a.top_k + j] : 1.0f;
-    const float4* y =
-        reinterpret_cast<const float4*>(a.y + static_cast<std::int64_t>(slots[j]) * a.hidden + h0);
-    const float4 v0 = y[0];
-    const float4 v1 = y[1];
-    const float v[kPerThread] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const uint4 y =
+        *reinterpret_cast<const uint4*>(a.y + static_cast<std::int64_t>(slots[j]) * a.hidden + h0);
+    const std::uint32_t yw[kPerThread / 2] = {y.x, y.y, y.z, y.w};
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) acc[i] = __fmaf_rn(w, v[i], acc[i]);
+    for (int i = 0; i < kPerThread / 2; ++i) {
+      acc[2 * i] = __fmaf_rn(w, bf16_bits_to_f32(yw[i] & 0xffffu), acc[2 * i]);
+      acc[2 * i + 1] = __fmaf_rn(w, bf16_bits_to_f32(yw[i] >> 16), acc[2 * i + 1]);
+    }
   }
   uint4 packed;
   std::uint32_t* pw = &packed.x;

@@ -74,7 +74,7 @@ cudaError_t launch_group_scatter(const GroupArgs& group, cudaStream_t stream);
 enum class StreamEpilogue : int {
   kSwiGLU = 0,         // GEMM1: h = silu(gate) * up, bf16
   kSwiGLUClamped = 1,  // GEMM1, gpt-oss activation
-  kStoreF32 = 2,       // GEMM2: y = acc, fp32
+  kStoreBf16 = 2,      // GEMM2: y = acc, bf16
 };
 
 struct StreamGemmArgs {
@@ -94,7 +94,7 @@ struct StreamGemmArgs {
   const std::int32_t* active = nullptr;
   const std::int32_t* n_active = nullptr;
   const std::int32_t* tb_prefix = nullptr;
-  void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: fp32 [slots, H]
+  void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2
   float swiglu_alpha = 1.702f;
@@ -136,7 +136,7 @@ cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* sl
                                   std::uint16_t* out, cudaStream_t stream);
 
 struct FinalizeArgs {
-  const float* y = nullptr;                 // [slots, hidden] fp32
+  const std::uint16_t* y = nullptr;         // [slots, hidden] bf16
   const std::int32_t* pair_slot = nullptr;  // [T, k+P]; -1: a dropped pick
   const float* topk_weights = nullptr;      // [T, k]
   int tokens = 0;

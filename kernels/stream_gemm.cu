@@ -14,7 +14,7 @@
 //                B = activations [64 x 8*NT tokens] bf16 (gathered rows for GEMM1)
 //                acc[MT][NT] += A * B          (mma.sync m16n8k16, fp32)
 //              epilogue: acc * post_scale (+ bias); GEMM1: act(gate, up) -> bf16 h;
-//                        GEMM2: fp32 y per slot (finalize reduces the k picks).
+//                        GEMM2: bf16 y per slot (finalize reduces the k picks).
 //
 // Each lane copies exactly the 16-byte weight fragment and the 32-byte activation piece that it
 // later reads itself; only the scale bytes cross lanes (hence the __syncwarp after each wait).
@@ -282,8 +282,8 @@ KernelFn pick_epilogue(StreamEpilogue epi) {
       return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
     case StreamEpilogue::kSwiGLUClamped:
       return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32:
-      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kStoreBf16:
+      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreBf16>;
   }
   return nullptr;
 }

@@ -193,8 +193,8 @@ TileKernelFn tile_pick_epilogue(StreamEpilogue epi) {
       return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
     case StreamEpilogue::kSwiGLUClamped:
       return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32:
-      return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kStoreBf16:
+      return fp4moe_tile_gemm<MT, NT, StreamEpilogue::kStoreBf16>;
   }
   return nullptr;
 }

@@ -407,8 +407,8 @@ WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
       return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLU>;
     case StreamEpilogue::kSwiGLUClamped:
       return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLUClamped>;
-    case StreamEpilogue::kStoreF32:
-      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kStoreF32>;
+    case StreamEpilogue::kStoreBf16:
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kStoreBf16>;
   }
   return nullptr;
 }
@@ -460,7 +460,7 @@ bool wgmma_supported() {
   cudaFuncAttributes fa{};
   // The kernel has a body only in the sm_90a image; elsewhere it is compiled empty.
   return major == 9 && minor == 0 &&
-         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreF32>) == cudaSuccess &&
+         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreBf16>) == cudaSuccess &&
          fa.numRegs > 16;
 }
 

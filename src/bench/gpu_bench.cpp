@@ -161,9 +161,10 @@ double measure_bf16_tflops(cublasHandle_t h, cudaStream_t s) {
 }
 
 // The same layer in BF16 through cuBLAS: fp4moe's routing and grouping kernels, a row gather,
-// one cublasGemmEx per active expert for each GEMM (TN, fp32 out), SwiGLU, and fp4moe's
-// finalize. Per-expert token counts are read once per input set before timing, so the timed
-// part needs no host synchronisation and is captured in a CUDA graph like fp4moe's.
+// one cublasGemmEx per active expert for each GEMM (TN; fp32 gate/up out, bf16 down out as
+// fp4moe's y), SwiGLU, and fp4moe's finalize. Per-expert token counts are read once per input set
+// before timing, so the timed part needs no host synchronisation and is captured in a CUDA graph
+// like fp4moe's.
 class Bf16Layer {
  public:
   Bf16Layer(const LayerWeights& w, std::int64_t max_tokens, cudaStream_t s) : d_(w.desc) {
@@ -199,7 +200,7 @@ class Bf16Layer {
     xp_ = Buf<std::uint16_t>(static_cast<std::size_t>(slots * H));
     y1_ = Buf<float>(static_cast<std::size_t>(slots * 2 * I));
     h_ = Buf<std::uint16_t>(static_cast<std::size_t>(slots * I));
-    y2_ = Buf<float>(static_cast<std::size_t>(slots * H));
+    y2_ = Buf<std::uint16_t>(static_cast<std::size_t>(slots * H));  // bf16, as fp4moe's y
     FP4MOE_CUBLAS_CHECK(cublasCreate(&handle_));
     workspace_ = Buf<std::uint8_t>(std::size_t{64} << 20);
     FP4MOE_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.get(), workspace_.size()));
@@ -258,7 +259,7 @@ class Bf16Layer {
         FP4MOE_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H), m,
                                          static_cast<int>(I), &one, w2_.get() + e * H * I, CUDA_R_16BF,
                                          static_cast<int>(I), h_.get() + s0 * I, CUDA_R_16BF,
-                                         static_cast<int>(I), &zero, y2_.get() + s0 * H, CUDA_R_32F,
+                                         static_cast<int>(I), &zero, y2_.get() + s0 * H, CUDA_R_16BF,
                                          static_cast<int>(H), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
       kernels::FinalizeArgs fa;
@@ -346,8 +347,8 @@ class Bf16Layer {
   LayerDesc d_;
   int pieces_ = 0;
   int ne_ = 0;
-  Buf<std::uint16_t> w1_, w2_, xp_, h_;
-  Buf<float> bias_, wts_, y1_, y2_;
+  Buf<std::uint16_t> w1_, w2_, xp_, h_, y2_;
+  Buf<float> bias_, wts_, y1_;
   Buf<std::int32_t> ids_, ints_, slot_token_, pair_slot_;
   Buf<std::uint8_t> workspace_;
   cublasHandle_t handle_ = nullptr;
@@ -400,8 +401,8 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       progress("uploading BF16 weights for the cuBLAS baseline");
       bf16 = std::make_unique<Bf16Layer>(w, max_t, s);
       r.baseline_name =
-          "BF16 layer: fp4moe routing + cublasGemmEx per active expert (TN, fp32 out) + SwiGLU + "
-          "finalize, CUDA graph";
+          "BF16 layer: fp4moe routing + cublasGemmEx per active expert (TN; gate/up fp32 out, down bf16 "
+          "out) + SwiGLU + finalize, CUDA graph";
     } else {
       r.baseline_name = fmt::format("skipped: BF16 weights need {:.1f} GB, {:.1f} GB free", need * 1e-9,
                                     static_cast<double>(free_b) * 1e-9);

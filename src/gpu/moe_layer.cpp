@@ -134,7 +134,7 @@ struct MoeLayer::Impl {
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
-  float* y = nullptr;
+  std::uint16_t* y = nullptr;  // bf16 [slots, H]: the down GEMM's output per (token, pick)
   std::uint16_t* x_perm = nullptr;
   std::int64_t h_padded = 0;  // H rounded up to whole 64-chunks
   std::int64_t i_padded = 0;  // I likewise
@@ -175,7 +175,7 @@ struct MoeLayer::Impl {
   }
 
   kernels::StreamEpilogue epilogue(gpu::Gemm which) const {
-    if (which == gpu::Gemm::kDown) return kernels::StreamEpilogue::kStoreF32;
+    if (which == gpu::Gemm::kDown) return kernels::StreamEpilogue::kStoreBf16;
     return desc.activation == Activation::kSwiGLU ? kernels::StreamEpilogue::kSwiGLU
                                                   : kernels::StreamEpilogue::kSwiGLUClamped;
   }
@@ -459,7 +459,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
   // stays zero. x_perm (the k-permuted, slot-ordered copy of x) exists only where wgmma runs.
   const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * m.i_padded) * 2);
-  const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 4);
+  const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 2);
   const std::size_t o_x_perm =
       carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
   m.workspace = DeviceBuffer(off);
@@ -476,7 +476,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.slot_token = reinterpret_cast<std::int32_t*>(base + o_slot_token);
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
-  m.y = reinterpret_cast<float*>(base + o_y);
+  m.y = reinterpret_cast<std::uint16_t*>(base + o_y);
   m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
   FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
 }

@@ -129,9 +129,9 @@ class StreamGemmFamily final : public KernelFamily {
     const double l2_item = (weight_chunk + act_chunk) * chunks;
     // DRAM: every active expert's weights once (further token blocks re-read them from L2), the
     // activations once, the outputs once: gate_up writes SwiGLU(gate, up) in bf16 (N/2 values per
-    // slot), down writes fp32.
+    // slot), down writes bf16.
     const double slots = static_cast<double>(p.tokens * p.top_k);
-    const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
+    const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 2.0;
     const double dram = p.active_experts * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
     const double dram_item = dram / items;
     // Every mma of an item runs, padding tokens of its token tiles included.

@@ -30,7 +30,7 @@ std::string stream_gemm_label(const kernels::StreamGemmConfig& config);
 std::string stream_gemm_kernel_key(int m_tiles, int n_tiles, int epilogue);
 
 // The epilogue instance a GEMM runs with (StreamEpilogue in kernels/launch.hpp): 0 SwiGLU,
-// 1 clamped SwiGLU (gpt-oss), 2 fp32 store (the down projection).
+// 1 clamped SwiGLU (gpt-oss), 2 bf16 store (the down projection).
 int stream_gemm_epilogue(const GemmProblem& problem);
 
 struct StreamGemmPlan {

@@ -128,9 +128,9 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
   // Every mma of an item runs, padding rows and tokens included.
   const double item_flops = 2.0 * rows * tokens * chunks * kChunkK;
   // DRAM: every active expert's weights once, the activations once, the outputs once (gate_up:
-  // SwiGLU in bf16, N/2 values per slot; down: fp32), and the family's extra bytes.
+  // SwiGLU in bf16, N/2 values per slot; down: bf16), and the family's extra bytes.
   const double slots = static_cast<double>(p.tokens * p.top_k);
-  const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 4.0;
+  const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 2.0;
   const double dram = p.active_experts * groups * chunks * TileGemmLayout::kBlockBytes + slots * p.k * 2.0 +
                       out_bytes + shape.extra_dram_bytes;
   // Items go to the resident CTAs in waves. A wave of b busy CTAs takes the longest of its DRAM

@@ -247,12 +247,12 @@ TEST(StreamGemmCost, OneExpertOneTokenByHand) {
   }
   ASSERT_NE(c, nullptr);
   // Items: 4 (4 row blocks x 1 token block); per item 576 B of weights + scales and 1 token x 64 x
-  // 2 B = 128 B of activations: 704 B. DRAM: 4 x 576 + 64 x 2 (activations) + 64 x 4 (fp32 out)
-  // = 2688 B, 672 per item. 7 blocks of 4 warps fit an SM, so one round of 4 busy warps:
-  // DRAM 4 x 672 / 1000 = 2.688 us, L2 4 x 704 / 2000 = 1.408 us, latency 704 x 1 us / (2 x 704) =
+  // 2 B = 128 B of activations: 704 B. DRAM: 4 x 576 + 64 x 2 (activations) + 64 x 2 (bf16 out)
+  // = 2560 B, 640 per item. 7 blocks of 4 warps fit an SM, so one round of 4 busy warps:
+  // DRAM 4 x 640 / 1000 = 2.56 us, L2 4 x 704 / 2000 = 1.408 us, latency 704 x 1 us / (2 x 704) =
   // 0.5 us.
   EXPECT_EQ(c->occupancy.blocks_per_sm, 7);
-  EXPECT_NEAR(c->cost_us, 2.688, 1e-12);
+  EXPECT_NEAR(c->cost_us, 2.56, 1e-12);
   EXPECT_THAT(c->cost_how, HasSubstr("DRAM-bound: 4 items on 28 groups of 1 warp(s)"));
 }
 

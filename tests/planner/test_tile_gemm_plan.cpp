@@ -133,10 +133,10 @@ TEST(TileGemmCost, DramBoundByHand) {
   a.memory_latency_ns = 1;
   a.mma_sync_bf16_tflops = 1e6;
   const auto p = tile_plan(layer(256, 64, 1, 1), 64, GemmKind::kDown, a);
-  // Weights 4 groups x 1 chunk x 2304 B = 9216, activations 64 x 64 x 2 = 8192, fp32 outputs
-  // 64 x 256 x 4 = 65536: 82944 B.
+  // Weights 4 groups x 1 chunk x 2304 B = 9216, activations 64 x 64 x 2 = 8192, bf16 outputs
+  // 64 x 256 x 2 = 32768: 50176 B.
   const auto c = find(p, "m2 n8 s2 w8");
-  EXPECT_NEAR(c.cost_us, 82.944, 1e-9);
+  EXPECT_NEAR(c.cost_us, 50.176, 1e-9);
   EXPECT_THAT(c.cost_how, HasSubstr("DRAM-bound"));
 }
 
