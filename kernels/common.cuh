@@ -39,57 +39,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// cp.async.wait_group takes an immediate: dispatch a run-time count (uniform across the warp).
+// cp.async.wait_group takes an immediate: dispatch a run-time count (uniform across the warp)
+// in [Lo, Hi] by binary search, four compares for 0..15. (A switch became a jump table: more
+// instructions per wait and a few more registers.) Counts outside the range wait for Lo or Hi.
+template <int Lo = 0, int Hi = 15>
 __device__ __forceinline__ void cp_async_wait_dynamic(int n) {
-  switch (n) {
-    case 0:
-      cp_async_wait<0>();
-      break;
-    case 1:
-      cp_async_wait<1>();
-      break;
-    case 2:
-      cp_async_wait<2>();
-      break;
-    case 3:
-      cp_async_wait<3>();
-      break;
-    case 4:
-      cp_async_wait<4>();
-      break;
-    case 5:
-      cp_async_wait<5>();
-      break;
-    case 6:
-      cp_async_wait<6>();
-      break;
-    case 7:
-      cp_async_wait<7>();
-      break;
-    case 8:
-      cp_async_wait<8>();
-      break;
-    case 9:
-      cp_async_wait<9>();
-      break;
-    case 10:
-      cp_async_wait<10>();
-      break;
-    case 11:
-      cp_async_wait<11>();
-      break;
-    case 12:
-      cp_async_wait<12>();
-      break;
-    case 13:
-      cp_async_wait<13>();
-      break;
-    case 14:
-      cp_async_wait<14>();
-      break;
-    default:
-      cp_async_wait<15>();
-      break;
+  if constexpr (Lo == Hi) {
+    cp_async_wait<Lo>();
+  } else {
+    constexpr int kMid = (Lo + Hi + 1) / 2;
+    if (n < kMid) {
+      cp_async_wait_dynamic<Lo, kMid - 1>(n);
+    } else {
+      cp_async_wait_dynamic<kMid, Hi>(n);
+    }
   }
 }
 

@@ -26,6 +26,12 @@
 
 namespace fp4moe::kernels {
 
+// NOTE: LDGSTS encodes a signed 12-bit immediate address offset (-2048 .. 2047 bytes). The
+// loader's weight pointer runs this far ahead of the lane's piece of the item's first tile, so
+// that the 4 tiles of a row group (-1024 .. +512) and, for MT = 4, its scales (+1024) are all
+// immediate offsets of one register.
+constexpr int kWeightSrcBias = 1024;
+
 // Where one work item's data lives (for the warp's loader and for its consumer).
 template <int NT>
 struct ItemView {
@@ -33,9 +39,10 @@ struct ItemView {
   int slot0;                      // first slot (row of the expert's token block in the grouped order)
   int m_count;                    // valid tokens in the block (<= 8 * NT)
   int tile0;                      // first 16-row tile within the expert
-  const std::uint8_t* wbase;      // the expert's row group, chunk 0
+  const std::uint8_t* wsrc;       // this lane's 16 weight bytes of the first tile, chunk 0, + bias
+  int scale_rel;                  // this lane's 16 scale bytes (lanes < 4 * MT), from wsrc
   const std::uint16_t* arow[NT];  // this lane's activation row (token g of each 8-token tile), at 16t
-  bool avalid[NT];
+  int achunks[NT];                // chunks in which that row holds this lane's 16 K values (0: no token)
 };
 
 // The view of work item `item`. `cursor` is the active-expert index of the caller's previous
@@ -43,7 +50,9 @@ struct ItemView {
 // search per item cost more than the chunk loop at decode sizes).
 template <int MT, int NT>
 __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active,
-                                                  int g, int t, int& cursor) {
+                                                  int lane, int& cursor) {
+  const int g = lane >> 2;
+  const int t = lane & 3;
   ItemView<NT> v;
   const int pb = static_cast<int>(item / p.row_blocks);
   const int rb = static_cast<int>(item % p.row_blocks);
@@ -54,16 +63,25 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   v.slot0 = p.offsets[v.expert] + (pb - p.tb_prefix[lo]) * 8 * NT;
   v.m_count = min(8 * NT, p.offsets[v.expert + 1] - v.slot0);
   v.tile0 = rb * MT;
-  v.wbase = p.weights + static_cast<std::int64_t>(v.expert) * p.expert_stride +
-            static_cast<std::int64_t>(v.tile0 / WeightLayout::kTilesPerGroup) * p.n_chunks *
-                WeightLayout::kBlockBytes +
-            (v.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes;
+  // The item's tiles start at tile tile_in_group of its row group (always 0 for MT = 4: written
+  // so that the compiler sees it); the group's scales follow its 4 weight tiles.
+  static_assert(WeightLayout::kTilesPerGroup % MT == 0, "an item's tiles lie in one row group");
+  const int tile_in_group = rb % (WeightLayout::kTilesPerGroup / MT) * MT;
+  const std::uint8_t* block0 = p.weights + static_cast<std::int64_t>(v.expert) * p.expert_stride +
+                               static_cast<std::int64_t>(v.tile0 / WeightLayout::kTilesPerGroup) *
+                                   p.n_chunks * WeightLayout::kBlockBytes;
+  v.wsrc = block0 + tile_in_group * WeightLayout::kTileWeightBytes + lane * 16 + kWeightSrcBias;
+  v.scale_rel = WeightLayout::kBlockWeightBytes + tile_in_group * WeightLayout::kTileScaleBytes -
+                tile_in_group * WeightLayout::kTileWeightBytes - kWeightSrcBias;
+  // K is a multiple of 16, so a lane's 16 values 16t .. 16t+15 of a chunk are all below K or
+  // none is (only in the last chunk when K % 64 != 0).
+  const int k_chunks = (p.k - 16 * t + WeightLayout::kChunkK - 1) / WeightLayout::kChunkK;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int s = 8 * j + g;
-    v.avalid[j] = s < v.m_count;
-    const std::int64_t row =
-        !v.avalid[j] ? 0 : (p.slot_token != nullptr ? p.slot_token[v.slot0 + s] : v.slot0 + s);
+    const bool valid = s < v.m_count;
+    v.achunks[j] = valid ? k_chunks : 0;
+    const std::int64_t row = !valid ? 0 : (p.slot_token != nullptr ? p.slot_token[v.slot0 + s] : v.slot0 + s);
     v.arow[j] = p.act + row * p.act_ld + 16 * t;
   }
   return v;
@@ -117,57 +135,63 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
   const int kb = p.n_chunks * kw / k_split;
   const int ke = p.n_chunks * (kw + 1) / k_split;
 
-  // The loader runs stages-1 chunks ahead of the consumer, across item boundaries.
-  std::int64_t ld_item = first_item;
+  // This lane's shared addresses in one ring stage: its 16 weight bytes (stage + 16 * lane; the
+  // scale bytes it copies follow at kScaleOff, the scale pair it reads at sc_rel) and the two
+  // 16-byte halves of its activation bytes of token tile 0. Kept per stage rather than
+  // recomputed from a slot index: the loader reuses the consumer's previous ones.
+  struct LaneStage {
+    std::uint32_t w, a_lo, a_hi;
+  };
+  const int sc_rel = kScaleOff + lane * 2 - lane * 16;
+  const int a_lo_rel = kActOff + lane * 16 + act_half_offset(lane, 0);
+  const int a_hi_rel = kActOff + lane * 16 + act_half_offset(lane, 1);
+  const auto lane_stage = [&](std::uint32_t w) { return LaneStage{w, w + a_lo_rel, w + a_hi_rel}; };
+
+  // The loader runs stages-1 chunks ahead of the consumer, across item boundaries. A warp
+  // without K chunks loads nothing (it still commits its empty groups).
+  std::int64_t ld_item = ke > kb ? first_item : total_items;
   int ld_chunk = kb;
-  int ld_slot = 0;
-  ItemView<NT> ld{};
+  ItemView<NT> ld;  // read only while ld_item < total_items
   int ld_cursor = 0;
   int cur_cursor = 0;
-  const bool has_chunks = ke > kb;
-  if (has_chunks && ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
-  auto issue = [&]() {
-    if (has_chunks && ld_item < total_items) {
-      const std::uint32_t st = ring + ld_slot * stage_bytes;
-      const std::uint8_t* blk = ld.wbase + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
+  if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, lane, ld_cursor);
+  // Fills stage `st` with the loader's next chunk (or commits an empty group once the warp's
+  // items are done, keeping the group count in step with the consumer).
+  auto issue = [&](const LaneStage& st) {
+    if (ld_item < total_items) {
+      const std::uint8_t* w = ld.wsrc + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        cp_async16(st + i * WeightLayout::kTileWeightBytes + lane * 16,
-                   blk + i * WeightLayout::kTileWeightBytes + lane * 16);
+        cp_async16(st.w + i * WeightLayout::kTileWeightBytes,
+                   w + i * WeightLayout::kTileWeightBytes - kWeightSrcBias);
       }
       if (lane < MT * 4) {
-        // wbase points at tile tile_in_group; its scales follow the group's 4 weight tiles.
-        const std::uint8_t* sc = blk -
-                                 (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileWeightBytes +
-                                 WeightLayout::kBlockWeightBytes +
-                                 (ld.tile0 % WeightLayout::kTilesPerGroup) * WeightLayout::kTileScaleBytes;
-        cp_async16(st + kScaleOff + lane * 16, sc + lane * 16);
+        cp_async16(st.w + kScaleOff, w + ld.scale_rel);
       }
-      if (ld_chunk * WeightLayout::kChunkK + 16 * t < p.k) {
+      // Token rows past the block and K past the matrix are zero-filled (src-size 0: nothing is
+      // read), so the consumer reads zeros there.
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          if (ld.avalid[j]) {
-            const std::uint32_t dst = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
-            const std::uint16_t* src = ld.arow[j] + ld_chunk * WeightLayout::kChunkK;
-            cp_async16(dst + act_half_offset(lane, 0), src);
-            cp_async16(dst + act_half_offset(lane, 1), src + 8);
-          }
-        }
+      for (int j = 0; j < NT; ++j) {
+        const bool valid = ld_chunk < ld.achunks[j];
+        const std::uint16_t* src = ld.arow[j] + ld_chunk * WeightLayout::kChunkK;
+        cp_async16_zfill(st.a_lo + j * StreamGemmLayout::kActTileBytes, src, valid);
+        cp_async16_zfill(st.a_hi + j * StreamGemmLayout::kActTileBytes, src + 8, valid);
       }
       if (++ld_chunk == ke) {
         ld_chunk = kb;
         ld_item += item_stride;
-        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, g, t, ld_cursor);
+        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, lane, ld_cursor);
       }
     }
     cp_async_commit();
-    ld_slot = ld_slot + 1 == stages ? 0 : ld_slot + 1;
   };
-  for (int i = 0; i < stages - 1; ++i) issue();
+  const std::uint32_t ring_first = ring + lane * 16;
+  for (int i = 0; i < stages - 1; ++i) issue(lane_stage(ring_first + i * stage_bytes));
 
-  int slot = 0;
+  // The loader refills the stage the consumer read last, the one before the stage it reads next.
+  const std::uint32_t ring_end = ring_first + stages * stage_bytes;
+  LaneStage st = lane_stage(ring_first + (stages - 1) * stage_bytes);
   for (std::int64_t item = first_item; item < total_items; item += item_stride) {
-    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, g, t, cur_cursor);
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -179,36 +203,28 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
     for (int c = kb; c < ke; ++c) {
       cp_async_wait_dynamic(stages - 2);
       __syncwarp();
-      // Refill the slot consumed in the previous iteration (every lane is past it now).
-      issue();
+      // Refill the stage consumed in the previous iteration (every lane is past it now).
+      issue(st);
+      st = lane_stage(st.w + stage_bytes == ring_end ? ring_first : st.w + stage_bytes);
 
-      const std::uint32_t st = ring + slot * stage_bytes;
-      slot = slot + 1 == stages ? 0 : slot + 1;
-      const bool k_ok = c * WeightLayout::kChunkK + 16 * t < p.k;
       std::uint32_t b[NT][4][2];
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        if (cur.avalid[j] && k_ok) {
-          const std::uint32_t src = st + kActOff + j * StreamGemmLayout::kActTileBytes + lane * 32;
-          const uint4 lo4 = lds128(src + act_half_offset(lane, 0));
-          const uint4 hi4 = lds128(src + act_half_offset(lane, 1));
-          b[j][0][0] = lo4.x;
-          b[j][0][1] = lo4.y;
-          b[j][1][0] = lo4.z;
-          b[j][1][1] = lo4.w;
-          b[j][2][0] = hi4.x;
-          b[j][2][1] = hi4.y;
-          b[j][3][0] = hi4.z;
-          b[j][3][1] = hi4.w;
-        } else {
-#pragma unroll
-          for (int s = 0; s < 4; ++s) b[j][s][0] = b[j][s][1] = 0u;
-        }
+        const uint4 lo4 = lds128(st.a_lo + j * StreamGemmLayout::kActTileBytes);
+        const uint4 hi4 = lds128(st.a_hi + j * StreamGemmLayout::kActTileBytes);
+        b[j][0][0] = lo4.x;
+        b[j][0][1] = lo4.y;
+        b[j][1][0] = lo4.z;
+        b[j][1][1] = lo4.w;
+        b[j][2][0] = hi4.x;
+        b[j][2][1] = hi4.y;
+        b[j][3][0] = hi4.z;
+        b[j][3][1] = hi4.w;
       }
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        const uint4 wq = lds128(st + i * WeightLayout::kTileWeightBytes + lane * 16);
-        const std::uint32_t sc = lds16(st + kScaleOff + i * WeightLayout::kTileScaleBytes + lane * 2);
+        const uint4 wq = lds128(st.w + i * WeightLayout::kTileWeightBytes);
+        const std::uint32_t sc = lds16(st.w + sc_rel + i * WeightLayout::kTileScaleBytes);
         // (byte, byte) -> bf16x2 scale factor: one PRMT and one IMAD each.
         const std::uint32_t s_row_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
         const std::uint32_t s_row_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
@@ -227,6 +243,10 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
       }
     }
 
+    // The item's output rows and tokens, looked up only now: from the item's start they would hold
+    // four registers across the chunk loop (the <4, 2> instances sit at the 128 registers of 2 CTAs
+    // per SM and spilled on sm_120).
+    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, lane, cur_cursor);
     // Epilogue of one m16n8 tile: lane holds rows g and g+8 for tokens 8j + 2t + {0, 1}.
     auto store_tile = [&](int i, int j, const float(&v)[4]) {
 #pragma unroll
