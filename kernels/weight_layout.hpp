@@ -25,12 +25,16 @@
 // the four bf16x2 A registers of that step:
 //   a0 = row g   k 4s+{0, 1}     a1 = row g+8 k 4s+{0, 1}
 //   a2 = row g   k 4s+{2, 3}     a3 = row g+8 k 4s+{2, 3}      (k relative to 16t; lo, hi half)
-// Each code's four bits (sign, e1, e0, m) are stored where one rotation brings them to their
-// place in the register (bf16 bits 15 | 8 7 | 6, and 31 | 24 23 | 22 for the high half): a0 and
-// a1 need a single rotation and one AND, a2 and a3 two rotations (sign and magnitude bits come
-// from different ones): 11 integer instructions per 8 values, the fewest a search over all bit
-// placements found (kSignRot / kMagRot). The scale pair of lane (g, t) is the byte of row g then
-// the byte of row g+8, for NVFP4 block 4*chunk + t (MXFP4: the 32-block holding it).
+// Each code's four bits (sign, e1, e0, m) are stored where one shift brings them to their place
+// in the register (bf16 bits 15 | 8 7 | 6, and 31 | 24 23 | 22 for the high half): a0 needs one
+// AND, a1 a left shift and an AND, a2 and a3 two shifts each (sign and magnitude bits come from
+// different ones) and two LOP3s: 11 integer instructions per 8 values, as few as any placement
+// allows (a search over all placements, with shifts and rotations), and 4 of them are left
+// shifts, which the compiler can issue as IMAD.SHL on the FMA pipe: 7 on the integer ALU pipe
+// instead of the 11 (rotations) of fp4moe 0.2.0. Both pipes take a warp instruction every second
+// cycle, and the decode kept the ALU pipe busiest (kSignShift / kMagShift). The scale pair of
+// lane (g, t) is the byte of row g then the byte of row g+8, for NVFP4 block 4*chunk + t (MXFP4:
+// the 32-block holding it).
 //
 // Decoding. An E2M1 code s|e1 e0|m placed at bf16 bits 15 | 8 7 | 6 reads as the bf16 number
 // e2m1 * 2^-126 (exponent field e, mantissa top bit m; e = 0 gives the subnormal m * 2^-127).
@@ -80,9 +84,10 @@ struct WeightLayout {
 
 static_assert(WeightLayout::kBlockBytes == 64 * 64 / 2 + 64 * 4);
 
-// Rotations (right, 32-bit) that bring register i's sign bits and magnitude bits into place.
-inline constexpr int kSignRot[4] = {0, 3, 1, 2};
-inline constexpr int kMagRot[4] = {0, 3, 6, 13};
+// Shifts (left if positive, right if negative) that bring register i's sign bits and magnitude
+// bits into place.
+inline constexpr int kSignShift[4] = {0, 3, 1, 2};
+inline constexpr int kMagShift[4] = {0, 3, 6, -3};
 inline constexpr std::uint32_t kSignBits = 0x80008000u;  // bf16 sign of both halves
 inline constexpr std::uint32_t kMagBits = 0x01c001c0u;   // e1 e0 m: bf16 bits 8:6 of both halves
 
@@ -100,27 +105,19 @@ FP4MOE_HD constexpr int code_bit_position(int h, int o, int b) {
   const int reg = code_register(h, o);
   const int base = 16 * code_half(o);
   const int target = b == 3 ? 15 : 6 + b;  // bit in the register's half
-  const int rot = b == 3 ? kSignRot[reg] : kMagRot[reg];
-  return (base + target + rot) % 32;
-}
-
-FP4MOE_HD std::uint32_t rotr32(std::uint32_t w, int n) {
-#if defined(__CUDA_ARCH__)
-  return __funnelshift_r(w, w, static_cast<unsigned>(n));
-#else
-  return n == 0 ? w : (w >> n) | (w << (32 - n));
-#endif
+  const int shift = b == 3 ? kSignShift[reg] : kMagShift[reg];
+  return base + target - shift;
 }
 
 // Word s (8 codes) -> the four bf16x2 A registers of k-step s, each element e2m1 * 2^-126.
 FP4MOE_HD void decode_e2m1x8(std::uint32_t w, std::uint32_t (&a)[4]) {
   a[0] = w & (kSignBits | kMagBits);
-  a[1] = rotr32(w, 3) & (kSignBits | kMagBits);
-  a[2] = (rotr32(w, 1) & kSignBits) | (rotr32(w, 6) & kMagBits);
-  a[3] = (rotr32(w, 2) & kSignBits) | (rotr32(w, 13) & kMagBits);
+  a[1] = (w << 3) & (kSignBits | kMagBits);
+  a[2] = ((w << 1) & kSignBits) | ((w << 6) & kMagBits);
+  a[3] = ((w << 2) & kSignBits) | ((w >> 3) & kMagBits);
 }
 
-static_assert(kSignRot[0] == kMagRot[0] && kSignRot[1] == kMagRot[1], "a0, a1 use one rotation each");
+static_assert(kSignShift[0] == kMagShift[0] && kSignShift[1] == kMagShift[1], "a0, a1 use one shift each");
 
 // Where real k sits in mma-k order (the order the tensor cores pair A and B in): within each
 // 64-chunk, k = 16t + 4s + o goes to k-step s at mma-k 2t + o (o < 2) or 2t + 8 + (o - 2).

@@ -31,7 +31,7 @@ struct TuneMetadata {
   std::string gpu;     // "NVIDIA H200"
   int sm = 0;          // compute capability, major * 10 + minor (90)
   std::string cuda;    // CUDA runtime, "13.0"
-  std::string fp4moe;  // fp4moe version, "0.2.0"
+  std::string fp4moe;  // fp4moe version, "0.3.0"
 
   bool operator==(const TuneMetadata&) const = default;
   // "NVIDIA H200, compute capability 9.0, CUDA 13.0, fp4moe 0.1.0"

@@ -263,8 +263,8 @@ TEST(TuneCache, MismatchedMetadataIsIgnoredWithOneLine) {
                 "HBM3, CUDA 12.8 (until it is remade with fp4moe tune, the planner and dispatcher "
                 "decide)");
   here = h200();
-  here.fp4moe = "0.2.0";
-  EXPECT_THAT(load_tune_cache(path, here).message, HasSubstr("made with fp4moe 0.1.0, this is fp4moe 0.2.0"));
+  here.fp4moe = "0.3.0";
+  EXPECT_THAT(load_tune_cache(path, here).message, HasSubstr("made with fp4moe 0.1.0, this is fp4moe 0.3.0"));
   here = h200();
   here.sm = 100;
   EXPECT_THAT(load_tune_cache(path, here).message,
