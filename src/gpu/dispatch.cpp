@@ -51,9 +51,21 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
     }
   }
 
-  // Two CTAs of 8 warps per SM, as deep a per-warp ring as the shared memory allows.
+  // 16 warps per SM: two CTAs of 8 warps, or four of 4 when K is split 2 or 4 ways and four such
+  // CTAs fit with 2 stages (the H200 tuner measured 4-warp CTAs 1.10x faster for GLM-5's T=1
+  // first GEMM, k_split 4, at b27d22a and 55 -> 48 us at 9ed8f90, 1.09x for T=4's down GEMM,
+  // k_split 2, and 8-warp CTAs 1.01-1.03x faster without a split). As deep a per-warp ring as
+  // the shared memory of that many CTAs allows.
+  const auto budget_for = [&](int ctas_per_sm) {
+    return std::min(limits.smem_per_block_optin, limits.smem_per_sm / ctas_per_sm - 1024);
+  };
   StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};
-  const std::int64_t budget = std::min(limits.smem_per_block_optin, limits.smem_per_sm / 2 - 1024);
+  std::int64_t budget = budget_for(2);
+  const StreamGemmConfig four{m_tiles, n_tiles, 2, 4, k_split};
+  if ((k_split == 2 || k_split == 4) && StreamGemmLayout::cta_bytes(four) <= budget_for(4)) {
+    c = four;
+    budget = budget_for(4);
+  }
   while (c.stages < 8) {
     StreamGemmConfig next = c;
     ++next.stages;
