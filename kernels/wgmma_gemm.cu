@@ -117,16 +117,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const std::uint32_t (&a)[4],
-                                                   std::uint64_t desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %12, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %13, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
-}
-
 __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const std::uint32_t (&a)[4],
                                                    std::uint64_t desc, int accumulate) {
   asm volatile(
@@ -178,9 +168,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const std::u
 template <int NT>
 __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t (&a)[4],
                                          std::uint64_t desc) {
-  if constexpr (NT == 2) {
-    wgmma_m64n16k16_rs(d, a, desc, 1);
-  } else if constexpr (NT == 4) {
+  if constexpr (NT == 4) {
     wgmma_m64n32k16_rs(d, a, desc, 1);
   } else if constexpr (NT == 8) {
     wgmma_m64n64k16_rs(d, a, desc, 1);
@@ -220,29 +208,13 @@ struct WgmmaItems {
   }
 };
 
-// The threads and the CTAs per SM an instance is compiled for (kWgmmaShapes).
-template <int NT, int CW>
-constexpr int wgmma_threads() {
-  static_assert(WgmmaGemmLayout::compiled(WgmmaGemmConfig{NT, 3, CW}), "not in kWgmmaShapes");
-  return WgmmaGemmLayout::threads(WgmmaGemmConfig{NT, 3, CW});
-}
-// Registers per thread: lean instances are capped so that two CTAs fit on an SM (launch bounds'
-// minimum of 2 CTAs made ptxas target ~82 and serialize the wgmmas); others take what one CTA of
-// their threads may.
-template <int NT, int CW>
-constexpr int wgmma_max_registers() {
-  return WgmmaGemmLayout::lean(WgmmaGemmConfig{NT, 3, CW}) ? WgmmaGemmLayout::kLeanRegs
-                                                           : 65536 / wgmma_threads<NT, CW>() / 8 * 8;
-}
-
 template <int NT, int CW, StreamEpilogue EPI>
-__global__ void __launch_bounds__((wgmma_threads<NT, CW>())) __maxnreg__((wgmma_max_registers<NT, CW>()))
+__global__ void __launch_bounds__((4 + CW) * 32, 1)
     fp4moe_wgmma_gemm(const StreamGemmArgs p, const __grid_constant__ CUtensorMap act_map, const int stages) {
 #if FP4MOE_WGMMA
   extern __shared__ __align__(128) std::uint8_t smem[];
   constexpr int kTokens = NT * 8;
-  constexpr WgmmaGemmConfig kShape{NT, 3, CW};
-  constexpr bool kLean = WgmmaGemmLayout::lean(kShape);
+  constexpr WgmmaGemmConfig kShape{NT, 2, CW};
   constexpr int kMB = 16 / CW;  // m64 blocks per consumer warpgroup: 2 (8 warps) or 1 (16 warps)
   static_assert(CW == 8 || CW == 16);
   constexpr int kProducerRegs = WgmmaGemmLayout::kProducerRegs;
@@ -276,11 +248,10 @@ __global__ void __launch_bounds__((wgmma_threads<NT, CW>())) __maxnreg__((wgmma_
   const int n_chunks = p.n_chunks;
   WgmmaItems<NT> items{p, n_active, total_items};
 
-  const int first_producer = WgmmaGemmLayout::producer_warp(kShape);
-  if (warp >= first_producer && warp < first_producer + WgmmaGemmLayout::producer_warps(kShape)) {
-    // Producer warp(group): one thread issues every copy; the others have nothing to do.
-    if constexpr (!kLean) setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != first_producer * 32) return;
+  if (warp < 4) {
+    // Producer warpgroup: one thread issues every copy; the others have nothing to do.
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
     int slot = 0;
     std::uint32_t phase = 0;
     for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
@@ -309,10 +280,10 @@ __global__ void __launch_bounds__((wgmma_threads<NT, CW>())) __maxnreg__((wgmma_
     return;
   }
 
-  if constexpr (!kLean) setmaxnreg_inc<kConsumerRegs>();
-  const int cw = warp - WgmmaGemmLayout::first_consumer_warp(kShape);  // consumer warp 0 .. CW-1
-  const int wg = cw >> 2;  // consumer warpgroup: m64 blocks kMB wg ..
-  const int wi = cw & 3;   // warp within the warpgroup
+  setmaxnreg_inc<kConsumerRegs>();
+  const int cw = warp - 4;  // consumer warp 0 .. CW-1
+  const int wg = cw >> 2;   // consumer warpgroup: m64 blocks kMB wg ..
+  const int wi = cw & 3;    // warp within the warpgroup
   const int g = lane >> 2;
   const int t = lane & 3;
 

@@ -2,10 +2,9 @@
 // kernel. The single definition of its shared storage, for the kernel and the planner. C++17.
 //
 // Work split: a CTA owns one item at a time = (expert, token block of 8*n_tiles tokens, 256
-// weight rows) and walks the items round-robin (persistent). Warpgroup 0 is the producer (in
-// lean instances, one warp after the consumers): one thread fills the stage ring with TMA (bulk
-// copies of the weight blocks, a tensor copy of the token block) and signals each stage on its
-// "full" mbarrier. The other warpgroups consume (8 consumer warps shown):
+// weight rows) and walks the items round-robin (persistent). Warpgroup 0 is the producer: one
+// thread fills the stage ring with TMA (bulk copies of the weight blocks, a tensor copy of the
+// token block) and signals each stage on its "full" mbarrier. Warpgroups 1 and 2 consume:
 // consumer warpgroup w covers rows [128w, 128w + 128) with two m64 wgmma instructions per
 // k-step; inside them, warp i of the group holds rows 16i..16i+15 of each 64 as the A operand in
 // registers (E2M1 decoded with its block scale, weight_layout.hpp), and the token block is the B
@@ -27,7 +26,7 @@
 namespace fp4moe::kernels {
 
 struct WgmmaGemmConfig {
-  int n_tiles = 16;  // 8-token tiles per item: 2 (16 tokens), 4, 8 or 16 (128 tokens)
+  int n_tiles = 16;  // 8-token tiles per item: 4 (32 tokens), 8 (64 tokens) or 16 (128 tokens)
   int stages = 4;
   // Consumer warps: 8 (two warpgroups, 128 rows and two m64 blocks each) or 16 (four
   // warpgroups, 64 rows each: twice the warps to hide the decode's latency, half the
@@ -45,21 +44,14 @@ struct WgmmaGemmConfig {
 struct WgmmaShape {
   int n_tiles;
   int consumer_warps;
-  // CTAs per SM the instance is compiled for. 1: a producer warpgroup (warps 0-3) hands its
-  // registers to the consumers with setmaxnreg. 2 ("lean"): one producer warp after the consumer
-  // warps and no setmaxnreg, every thread compiled to at most 112 registers; for 16-token blocks,
-  // whose accumulators are small, so that two CTAs share an SM and each scheduler has four
-  // consumer warps to hide the decode's latency with, not two.
-  int ctas_per_sm;
 };
-// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 232 registers, or 112 when
-// lean). 16: four warpgroups of 64 rows (104 registers each; n16 would spill, so 32 and 64 tokens
-// only), twice the warps to hide the decode's latency at the cost of more per-chunk overhead per
-// row.
-inline constexpr WgmmaShape kWgmmaShapes[] = {{2, 8, 2},  {4, 8, 1},  {8, 8, 1},
-                                              {16, 8, 1}, {4, 16, 1}, {8, 16, 1}};
+// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 232 registers). 16: four
+// warpgroups of 64 rows (104 registers each; n16 would spill, so 32 and 64 tokens only), twice
+// the warps to hide the decode's latency at the cost of more per-chunk overhead per row.
+inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 8}, {8, 8}, {16, 8}, {4, 16}, {8, 16}};
 
 struct WgmmaGemmLayout {
+  static constexpr int kProducerWarps = 4;  // one warpgroup (one thread of it issues the copies)
   static constexpr int kBarrierBytes = 16;  // per stage: full + empty mbarrier
   static constexpr int kRows = 256;
   static constexpr int kGroups = 4;
@@ -82,40 +74,27 @@ struct WgmmaGemmLayout {
   static constexpr std::int64_t cta_bytes(const WgmmaGemmConfig& c) {
     return static_cast<std::int64_t>(barrier_offset(c)) + c.stages * kBarrierBytes + kAlign;
   }
-  // The compiled shape of c (kWgmmaShapes), or null.
-  static constexpr const WgmmaShape* shape(const WgmmaGemmConfig& c) {
-    for (const WgmmaShape& s : kWgmmaShapes) {
-      if (s.n_tiles == c.n_tiles && s.consumer_warps == c.consumer_warps) return &s;
-    }
-    return nullptr;
-  }
-  static constexpr bool compiled(const WgmmaGemmConfig& c) { return shape(c) != nullptr; }
-  static constexpr bool lean(const WgmmaGemmConfig& c) { return compiled(c) && shape(c)->ctas_per_sm == 2; }
-  // Producer warps: a warpgroup (warps 0-3; one thread of it issues the copies), or when lean
-  // one warp after the consumers (wgmma needs each consumer warpgroup to start at a warp index
-  // that is a multiple of 4).
-  static constexpr int producer_warps(const WgmmaGemmConfig& c) { return lean(c) ? 1 : 4; }
-  static constexpr int first_consumer_warp(const WgmmaGemmConfig& c) { return lean(c) ? 0 : 4; }
-  static constexpr int producer_warp(const WgmmaGemmConfig& c) { return lean(c) ? c.consumer_warps : 0; }
-  static constexpr int threads(const WgmmaGemmConfig& c) {
-    return (producer_warps(c) + c.consumer_warps) * 32;
-  }
+  static constexpr int threads(const WgmmaGemmConfig& c) { return (kProducerWarps + c.consumer_warps) * 32; }
   // Registers per thread after setmaxnreg. NOTE: the pool is the CTA's own allocation (threads x
   // the count the kernel was compiled to), not the SM's register file: setmaxnreg.inc waits
   // forever for registers the producer did not give back. 8 consumer warps, compiled to 168:
   // 128 x 40 + 256 x 232 = 64512 = 384 x 168; 16 consumer warps, compiled to 96:
-  // 128 x 40 + 512 x 104 = 58368 <= 640 x 96. Lean instances do not redistribute (0 below).
+  // 128 x 40 + 512 x 104 = 58368 <= 640 x 96.
   static constexpr int kProducerRegs = 40;
-  static constexpr int kLeanRegs = 112;  // 65536 / (2 CTAs x 288 threads), rounded down to 8
   static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 232 : 104; }
   static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c) {
-    if (lean(c)) return 0;
-    return static_cast<std::int64_t>(producer_warps(c)) * 32 * kProducerRegs +
+    return static_cast<std::int64_t>(kProducerWarps) * 32 * kProducerRegs +
            static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c);
   }
   // Arrivals that free a stage: every consumer thread, since an arrive releases only the
   // arriving thread's own reads of the stage (PTX memory model).
   static constexpr int empty_arrivals(const WgmmaGemmConfig& c) { return c.consumer_warps * 32; }
+  static constexpr bool compiled(const WgmmaGemmConfig& c) {
+    for (const WgmmaShape& s : kWgmmaShapes) {
+      if (s.n_tiles == c.n_tiles && s.consumer_warps == c.consumer_warps) return true;
+    }
+    return false;
+  }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
     // 3+: the consumers hold two stages (the chunk in the tensor cores and the one decoded next)
     return compiled(c) && c.stages >= 3 && c.stages <= 8;

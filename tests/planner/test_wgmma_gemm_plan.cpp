@@ -25,49 +25,19 @@ Plan wgmma_plan(const LayerDesc& l, std::int64_t tokens, GemmKind kind, const Ar
 
 TEST(WgmmaGemmPlan, CandidatesAreTheCompiledTokenTilesTimesStagesWithTheLayoutsBytes) {
   const auto configs = planner::wgmma_gemm_candidates();
-  ASSERT_EQ(configs.size(), 6u * 6u);  // n2 w8, n4 w8, n8 w8, n16 w8, n4 w16, n8 w16 x stages 3..8
+  ASSERT_EQ(configs.size(), 5u * 6u);  // n4 w8, n8 w8, n16 w8, n4 w16, n8 w16 x stages 3..8
   const auto p = wgmma_plan(layer(6144, 2048, 256, 8), 4096, GemmKind::kDown, arch_by_name("sm_90"));
   ASSERT_EQ(p.candidates.size(), configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     EXPECT_EQ(p.candidates[i].dynamic_smem_bytes, WgmmaGemmLayout::cta_bytes(configs[i])) << i;
-    // a producer warpgroup (the lean n2 w8: one producer warp) + the consumer warps
-    const int producer = configs[i].n_tiles == 2 ? 32 : 128;
-    EXPECT_EQ(p.candidates[i].threads, producer + 32 * configs[i].consumer_warps) << i;
+    // a producer warpgroup + the consumer warps
+    EXPECT_EQ(p.candidates[i].threads, 128 + 32 * configs[i].consumer_warps) << i;
     EXPECT_EQ(p.candidates[i].label, planner::wgmma_gemm_label(configs[i])) << i;
     // n16 s8: 8 x (9216 + 16384 + 16) + 1024 = 205952 B fits Hopper's 232448.
     EXPECT_TRUE(p.candidates[i].feasible) << p.candidates[i].label << ": " << p.candidates[i].reason;
   }
   EXPECT_EQ(planner::wgmma_gemm_label({16, 4, 8}), "n16 s4 w8");
   EXPECT_EQ(planner::wgmma_gemm_kernel_key(16, 8, 2), "fp4moe_wgmma_gemm<16, 8, 2>");
-}
-
-TEST(WgmmaGemmPlan, TheLeanInstanceRunsTwoCtasPerSm) {
-  // n2 w8: 8 consumer warps and one producer warp at 112 registers (3584 per warp, 9 warps =
-  // 32256): two CTAs per SM by registers, and by shared memory up to 9 stages of 11264 B.
-  const WgmmaGemmLayout L;
-  EXPECT_TRUE(L.lean({2, 8, 8}));
-  EXPECT_FALSE(L.lean({4, 8, 8}));
-  EXPECT_EQ(L.threads({2, 8, 8}), 288);
-  EXPECT_EQ(L.producer_warp({2, 8, 8}), 8);
-  EXPECT_EQ(L.first_consumer_warp({2, 8, 8}), 0);
-  EXPECT_EQ(L.register_demand({2, 8, 8}), 0);  // no setmaxnreg
-  EXPECT_EQ(L.stage_bytes({2, 8, 8}), 11264);
-  KernelResources measured;
-  measured.source = ResourceSource::kMeasured;
-  measured.origin = "test";
-  measured.kernels.push_back({planner::wgmma_gemm_kernel_key(2, 8, 2), 90, WgmmaGemmLayout::kLeanRegs, 0, 0});
-  const auto p =
-      plan_kernels("wgmma-gemm", make_gemm_problem(layer(6144, 2048, 256, 8), 256, GemmKind::kDown),
-                   arch_by_name("sm_90"), &measured);
-  int seen = 0;
-  for (const auto& c : p.candidates) {
-    if (!c.label.starts_with("n2 ")) continue;
-    ++seen;
-    EXPECT_EQ(c.threads, 288) << c.label;
-    EXPECT_EQ(c.occupancy.by_registers, 2) << c.label;
-    EXPECT_EQ(c.occupancy.blocks_per_sm, 2) << c.label;
-  }
-  EXPECT_EQ(seen, 6);
 }
 
 TEST(WgmmaGemmPlan, OnlySm90RunsIt) {
@@ -113,7 +83,7 @@ TEST(WgmmaGemmPlan, FixedRowsWarpsAndNoKSplit) {
     EXPECT_THAT(e.what(), HasSubstr("m_tiles=4 k_split=1: the wgmma kernel runs 256 rows (m_tiles 2)"));
   }
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n32 s4 w8", a).verdict.reason,
-              HasSubstr("n32 w8 is not a compiled instance (n2 w8, n4 w8, n8 w8, n16 w8, n4 w16, n8 w16)"));
+              HasSubstr("n32 w8 is not a compiled instance (n4 w8, n8 w8, n16 w8, n4 w16, n8 w16)"));
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s4 w16", a).verdict.reason,
               HasSubstr("n16 w16 is not a compiled instance"));
   EXPECT_THAT(explain_kernel("wgmma-gemm", "n16 s2 w8", a).verdict.reason, HasSubstr("3..8 stages"));
