@@ -89,6 +89,14 @@ struct RoutingOutput {
   float* weights = nullptr;
 };
 
+// The kernels of a forward, in launch order. kGather (the k-permuted copy of x) runs only where
+// the first GEMM is the wgmma kernel.
+enum class ForwardStage { kRouting, kGather, kGateUp, kDown, kFinalize };
+inline constexpr ForwardStage kForwardStages[] = {ForwardStage::kRouting, ForwardStage::kGather,
+                                                  ForwardStage::kGateUp, ForwardStage::kDown,
+                                                  ForwardStage::kFinalize};
+const char* forward_stage_name(ForwardStage stage);  // "routing", "gather", "gate/up", "down", "finalize"
+
 class MoeLayer {
  public:
   // Validates the weights, repacks them into the kernels' layout and uploads them. Throws
@@ -110,6 +118,12 @@ class MoeLayer {
   // An id outside [0, E) is dropped (that pick contributes nothing).
   void forward_routed(Stream stream, const Bf16* x, const std::int32_t* topk_ids, const float* topk_weights,
                       Bf16* out, std::int64_t tokens) const;
+
+  // For profiling (`fp4moe bench --stages`): forward() that stops after stage `last`; what later
+  // stages write (out included) is left as it was. Timing the prefixes in place, with the launch
+  // overlap of a whole forward, gives each stage's share as the difference of two of them.
+  void forward_until(Stream stream, const Bf16* x, const float* router_logits, Bf16* out, std::int64_t tokens,
+                     ForwardStage last) const;
 
   const LayerDesc& desc() const;
   std::int64_t weight_bytes() const;     // device bytes of the repacked expert weights

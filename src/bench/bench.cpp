@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <iterator>
 #include <random>
 #include <set>
 
 #include "fp4moe/device.hpp"
+#include "fp4moe/moe_layer.hpp"
 #include "fp4moe/reference.hpp"
 #include "fp4moe/version.hpp"
 
@@ -122,6 +124,27 @@ std::string format_table(const BenchReport& r) {
           row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
     }
     if (!r.baseline_name.empty()) s += fmt::format("baseline: {}\n", r.baseline_name);
+    const bool stages = std::any_of(r.rows.begin(), r.rows.end(), [](const BenchRow& row) {
+      return row.prefix_us.size() == std::size(kForwardStages);
+    });
+    if (stages) {
+      s += "stages in place (us: the difference of the medians of two prefix graphs, each a forward stopped "
+           "after the "
+           "stage; gather runs only before a wgmma first GEMM):\n";
+      s += fmt::format("{:>6}", "tokens");
+      for (const ForwardStage st : kForwardStages) s += fmt::format(" {:>9}", forward_stage_name(st));
+      s += fmt::format(" {:>9}\n", "sum");
+      for (const auto& row : r.rows) {
+        if (row.prefix_us.size() != std::size(kForwardStages)) continue;
+        s += fmt::format("{:>6}", row.tokens);
+        double prev = 0.0;
+        for (const double p : row.prefix_us) {
+          s += fmt::format(" {:>9.1f}", p - prev);
+          prev = p;
+        }
+        s += fmt::format(" {:>9.1f}\n", prev);
+      }
+    }
   } else {
     s += fmt::format("fp4moe bench: no GPU ({}): running the CPU reference backend on a smaller shape ({})\n",
                      r.note, r.desc.to_string());
@@ -164,6 +187,13 @@ nlohmann::json to_json(const BenchReport& r) {
       x["fraction_of_floor"] = row.floor_us / row.fp4moe.median_us;
       x["gbps"] = row.bytes / row.fp4moe.median_us * 1e-3;
       x["tflops"] = row.flops / row.fp4moe.median_us * 1e-6;
+    }
+    if (row.prefix_us.size() == std::size(kForwardStages)) {
+      double prev = 0.0;
+      for (std::size_t i = 0; i < row.prefix_us.size(); ++i) {
+        x["stages_us"][forward_stage_name(kForwardStages[i])] = row.prefix_us[i] - prev;
+        prev = row.prefix_us[i];
+      }
     }
     if (row.baseline.measured()) {
       x["baseline"] = stats_json(row.baseline);

@@ -26,6 +26,7 @@ struct BenchOptions {
   int warmup = 5;
   int input_sets = 4;    // rotated so caches do not flatter small problems
   bool baseline = true;  // time the BF16 cuBLAS layer beside fp4moe
+  bool stages = false;   // also time each stage in place (prefix graphs; GPU only)
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };
@@ -46,6 +47,9 @@ struct BenchRow {
   double floor_us = 0.0;
   TimeStats fp4moe;
   TimeStats baseline;
+  // With BenchOptions::stages: the median of the forward stopped after each ForwardStage, in
+  // order (the last is the whole forward, timed again beside the others).
+  std::vector<double> prefix_us;
   std::string plan;  // what fp4moe ran
 };
 

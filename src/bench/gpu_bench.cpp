@@ -461,6 +461,20 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       });
     }
     row.fp4moe = time_graphs(graphs, s, options.warmup, options.iterations);
+    if (options.stages) {
+      for (const ForwardStage stage : kForwardStages) {
+        std::vector<Graph> prefix;
+        for (int i = 0; i < sets; ++i) {
+          prefix.emplace_back();
+          prefix.back().capture(s, [&] {
+            layer.forward_until(s, reinterpret_cast<const Bf16*>(xs[static_cast<std::size_t>(i)].get()),
+                                logits[static_cast<std::size_t>(i)].get(),
+                                reinterpret_cast<Bf16*>(outs[static_cast<std::size_t>(i)].get()), T, stage);
+          });
+        }
+        row.prefix_us.push_back(time_graphs(prefix, s, options.warmup, options.iterations).median_us);
+      }
+    }
     if (bf16) {
       std::vector<Graph> bgraphs;
       for (int i = 0; i < sets; ++i) {

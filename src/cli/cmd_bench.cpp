@@ -42,7 +42,7 @@ void register_bench(CLI::App& app) {
     LayerShapeOptions layer;
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4;
-    bool no_baseline = false, cpu = false;
+    bool no_baseline = false, cpu = false, stages = false;
     std::uint64_t seed = 1;
     std::string json;
   };
@@ -56,6 +56,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--sets", o->sets, "Input sets rotated between runs")->capture_default_str();
   cmd->add_flag("--no-baseline", o->no_baseline, "Skip the BF16 cuBLAS layer");
   cmd->add_flag("--cpu", o->cpu, "Run the CPU reference backend even where a GPU is present");
+  cmd->add_flag("--stages", o->stages,
+                "Also time each stage of the forward in place (routing, gather, gate/up, down, finalize: "
+                "differences of forwards stopped after each; GPU only)");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->callback([o, cmd] {
@@ -82,6 +85,9 @@ void register_bench(CLI::App& app) {
     b.warmup = o->warmup;
     b.input_sets = o->sets;
     b.baseline = !o->no_baseline;
+    require(!o->stages || gpu, "--stages times the GPU kernels; this run has no GPU ({})",
+            o->cpu ? "--cpu given" : why);
+    b.stages = o->stages;
     b.seed = o->seed;
     b.cpu = o->cpu;
     const bench::BenchReport r =

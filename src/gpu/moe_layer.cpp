@@ -326,7 +326,8 @@ struct MoeLayer::Impl {
                                     bool h_permuted) const;
 
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
-           Bf16* out, std::int64_t tokens, RoutingOutput routing) const;
+           Bf16* out, std::int64_t tokens, RoutingOutput routing,
+           ForwardStage last = ForwardStage::kFinalize) const;
 };
 
 MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
@@ -605,7 +606,8 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
 }
 
 void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
-                         const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing) const {
+                         const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing,
+                         ForwardStage last) const {
   require(tokens >= 0 && tokens <= options.max_tokens,
           "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)",
           tokens, options.max_tokens);
@@ -627,13 +629,17 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   grid(c2, e2);
 
   route_and_group(stream, logits, ids_in, T, c1.token_block(), c2.token_block());
+  if (last == ForwardStage::kRouting) return;
   if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
+  if (last == ForwardStage::kGather) return;
   launch(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1, e1, pdl, stream);
+  if (last == ForwardStage::kGateUp) return;
   kernels::StreamGemmArgs down = gemm_args(gpu::Gemm::kDown, c2, x, false);
   // Under PDL the stream down GEMM starts as the first GEMM's CTAs retire (at T=1 most of them
   // finish one round early) and fetches its first weights into L2 while it waits.
   if (pdl && c2.kernel == GemmKernel::kStream) down.l2_prefetch_bytes = l2_prefetch_share(c2, e2);
   launch(down, c2, e2, pdl, stream);
+  if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
   fa.y = y;
@@ -660,6 +666,12 @@ void MoeLayer::forward(Stream stream, const Bf16* x, const float* router_logits,
                        std::int64_t tokens, RoutingOutput routing) const {
   require(tokens == 0 || router_logits != nullptr, "router_logits must be a device pointer");
   impl_->run(stream, x, router_logits, nullptr, nullptr, out, tokens, routing);
+}
+
+void MoeLayer::forward_until(Stream stream, const Bf16* x, const float* router_logits, Bf16* out,
+                             std::int64_t tokens, ForwardStage last) const {
+  require(tokens == 0 || router_logits != nullptr, "router_logits must be a device pointer");
+  impl_->run(stream, x, router_logits, nullptr, nullptr, out, tokens, {}, last);
 }
 
 void MoeLayer::forward_routed(Stream stream, const Bf16* x, const std::int32_t* topk_ids,
@@ -796,6 +808,7 @@ MoeLayer::MoeLayer(const LayerWeights&, const MoeLayerOptions&) {
        "configured)");
 }
 void MoeLayer::forward(Stream, const Bf16*, const float*, Bf16*, std::int64_t, RoutingOutput) const {}
+void MoeLayer::forward_until(Stream, const Bf16*, const float*, Bf16*, std::int64_t, ForwardStage) const {}
 void MoeLayer::forward_routed(Stream, const Bf16*, const std::int32_t*, const float*, Bf16*,
                               std::int64_t) const {}
 std::int64_t MoeLayer::weight_bytes() const {
@@ -839,6 +852,22 @@ double gpu::GemmTiming::median() const {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char* forward_stage_name(ForwardStage stage) {
+  switch (stage) {
+    case ForwardStage::kRouting:
+      return "routing";
+    case ForwardStage::kGather:
+      return "gather";
+    case ForwardStage::kGateUp:
+      return "gate/up";
+    case ForwardStage::kDown:
+      return "down";
+    case ForwardStage::kFinalize:
+      return "finalize";
+  }
+  return "?";
 }
 
 MoeLayer::~MoeLayer() = default;

@@ -359,6 +359,36 @@ TEST(GpuMoeLayer, ForwardCapturesIntoACudaGraph) {
   }
 }
 
+TEST(GpuMoeLayer, ForwardUntilStopsAfterTheStage) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  const LayerWeights w = random_layer_weights(d, 13);
+  const MoeLayer layer(w);
+  for (std::int64_t T : {1, 300}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1300);
+    const auto logits = make_logits(d, T, 1301);
+    DeviceArray<Bf16> dx(x.size()), dout(x.size());
+    DeviceArray<float> dl(logits.size());
+    dx.upload(x);
+    dl.upload(logits);
+    const GpuRun full = run_gpu(layer, x, logits, T);
+    for (const ForwardStage stage : kForwardStages) {
+      SCOPED_TRACE(forward_stage_name(stage));
+      dout.fill_bytes(0xff);
+      layer.forward_until(nullptr, dx.get(), dl.get(), dout.get(), T, stage);
+      FP4MOE_TEST_CUDA(cudaDeviceSynchronize());
+      const auto out = dout.download();
+      if (stage == ForwardStage::kFinalize) {
+        EXPECT_TRUE(std::equal(out.begin(), out.end(), full.out.begin())) << "differs from forward()";
+      } else {
+        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](Bf16 v) { return v.bits == 0xffff; }))
+            << "out was written before finalize";
+      }
+    }
+  }
+}
+
 TEST(GpuMoeLayer, RejectsTooManyTokens) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
