@@ -30,14 +30,6 @@ __device__ __forceinline__ int swizzle128_offset(int row, int piece) {
   return row * 128 + ((piece ^ (row & 7)) << 4);
 }
 
-// Asks L2 to fetch `bytes` (a multiple of 16) from src (16-byte aligned) without waiting for them
-// (sm_90+; a no-op before).
-__device__ __forceinline__ void l2_prefetch(const void* src, std::uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -99,11 +99,6 @@ struct StreamGemmArgs {
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
-  // Stream kernel only: before it waits on its predecessor (PDL), lane 0 of each warp asks L2 to
-  // prefetch up to this many bytes of the weights its first item streams (0: none). Set only
-  // where routing's outputs are complete whenever the kernel can start: the down GEMM, which may
-  // start only once every CTA of the first GEMM has waited on routing.
-  int l2_prefetch_bytes = 0;
 };
 
 // Sets the kernel's dynamic shared memory limit for `config` and reports what the compiled

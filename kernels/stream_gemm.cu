@@ -87,33 +87,6 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   return v;
 }
 
-// Lane 0's L2 prefetch of the first up to p.l2_prefetch_bytes of the weights that chunks kb .. ke
-// of `item` stream (the item's whole 64-row group: a contiguous run of blocks). The expert is found
-// by binary search: the walk of view_item from the first active expert is paid per item anyway,
-// this one only delays the prefetch.
-template <int MT>
-__device__ __forceinline__ void prefetch_item_weights(const StreamGemmArgs& p, std::int64_t item, int kb,
-                                                      int ke) {
-  const int n_active = *p.n_active;
-  const int pb = static_cast<int>(item / p.row_blocks);
-  if (ke <= kb || n_active < 1 || pb >= p.tb_prefix[n_active]) return;
-  int lo = 0;
-  int hi = n_active - 1;  // the largest a with tb_prefix[a] <= pb
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.tb_prefix[mid] <= pb) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int group = static_cast<int>(item % p.row_blocks) * MT / WeightLayout::kTilesPerGroup;
-  const std::uint8_t* src = p.weights + static_cast<std::int64_t>(p.active[lo]) * p.expert_stride +
-                            (static_cast<std::int64_t>(group) * p.n_chunks + kb) * WeightLayout::kBlockBytes;
-  const int bytes = min(p.l2_prefetch_bytes, (ke - kb) * WeightLayout::kBlockBytes);
-  if (bytes >= 16) l2_prefetch(src, static_cast<std::uint32_t>(bytes & ~15));
-}
-
 // Named barrier for the k_split warps of one group (ids 1..8; 0 is __syncthreads).
 __device__ __forceinline__ void group_barrier(int group, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
@@ -146,6 +119,13 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
   constexpr int kActOff = kScaleOff + MT * StreamGemmLayout::kScaleTileBytes;
   static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 2, 1, 1}), "layout drift");
 
+  // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
+  // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int n_active = *p.n_active;
+  const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
   const int groups_per_cta = warps / k_split;
   const int group = warp / k_split;
   const int kw = warp % k_split;
@@ -154,18 +134,6 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
   // This warp's share of K, in chunks of 64.
   const int kb = p.n_chunks * kw / k_split;
   const int ke = p.n_chunks * (kw + 1) / k_split;
-
-  // The down GEMM may start while the first one drains (its weights do not depend on it): the
-  // start of this warp's first item's weights is on its way to L2 meanwhile.
-  if (p.l2_prefetch_bytes > 0 && lane == 0) prefetch_item_weights<MT>(p, first_item, kb, ke);
-
-  // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
-  // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
-  pdl_wait();
-  pdl_launch_dependents();
-
-  const int n_active = *p.n_active;
-  const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
 
   // This lane's shared addresses in one ring stage: its 16 weight bytes (stage + 16 * lane; the
   // scale bytes it copies follow at kScaleOff, the scale pair it reads at sc_rel) and the two

@@ -115,7 +115,6 @@ struct MoeLayer::Impl {
   int device = 0;
   int sm = 0;
   gpu::DeviceLimits limits;
-  std::int64_t l2_bytes = 0;
   ArchInfo arch;             // the device's figures: what the planner judges configurations on
   KernelResources measured;  // registers of every compiled GEMM instance this layer may launch
   std::optional<TuneCache> tuned;
@@ -304,16 +303,6 @@ struct MoeLayer::Impl {
 
   std::int64_t max_slots_for(std::int64_t tokens) const { return tokens * (desc.top_k + pieces); }
 
-  // Bytes of weights each warp of a stream down GEMM asks L2 for before it waits on the first GEMM
-  // (StreamGemmArgs::l2_prefetch_bytes): three quarters of L2 over the grid's warps, in whole
-  // 2304-byte blocks, so that what is prefetched is not evicted by the rest before it is read.
-  int l2_prefetch_share(const GemmChoice& c, kernels::StreamEpilogue epi) const {
-    const std::int64_t warps = static_cast<std::int64_t>(grid(c, epi)) * c.warps;
-    const std::int64_t blocks =
-        l2_bytes * 3 / 4 / std::max<std::int64_t>(warps, 1) / WeightLayout::kBlockBytes;
-    return static_cast<int>(std::min<std::int64_t>(blocks, 64) * WeightLayout::kBlockBytes);
-  }
-
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
   // by expert, with token blocks of tb1 tokens for the first GEMM and tb2 for the second.
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens, int tb1,
@@ -360,7 +349,6 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.device = dev;
   m.sm = gi.sm();
   m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm, kernels::wgmma_supported()};
-  m.l2_bytes = gi.l2_bytes;
   m.arch = arch_from_gpu(gi);
   if (m.arch.wgmma && !m.limits.wgmma) {
     m.arch.wgmma = false;
@@ -634,11 +622,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   if (last == ForwardStage::kGather) return;
   launch(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1, e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
-  kernels::StreamGemmArgs down = gemm_args(gpu::Gemm::kDown, c2, x, false);
-  // Under PDL the stream down GEMM starts as the first GEMM's CTAs retire (at T=1 most of them
-  // finish one round early) and fetches its first weights into L2 while it waits.
-  if (pdl && c2.kernel == GemmKernel::kStream) down.l2_prefetch_bytes = l2_prefetch_share(c2, e2);
-  launch(down, c2, e2, pdl, stream);
+  launch(gemm_args(gpu::Gemm::kDown, c2, x, false), c2, e2, pdl, stream);
   if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
