@@ -115,6 +115,15 @@ cudaError_t launch_gather_rows(const std::uint16_t* x, const std::int32_t* slot_
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void empty_kernel() {}
+}  // namespace
+
+cudaError_t launch_empty(cudaStream_t stream) {
+  empty_kernel<<<1, 32, 0, stream>>>();
+  return cudaGetLastError();
+}
+
 cudaError_t launch_swiglu_rows(const ActArgs& args, cudaStream_t stream) {
   const std::int64_t n = static_cast<std::int64_t>(args.slots) * args.inter;
   if (n == 0) return cudaSuccess;

@@ -41,4 +41,7 @@ struct ActArgs {
 };
 cudaError_t launch_swiglu_rows(const ActArgs& args, cudaStream_t stream);
 
+// One CTA that does nothing: the bench's measure of what launching a graph costs by itself.
+cudaError_t launch_empty(cudaStream_t stream);
+
 }  // namespace fp4moe::kernels

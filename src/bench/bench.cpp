@@ -129,15 +129,15 @@ std::string format_table(const BenchReport& r) {
     });
     if (stages) {
       s += "stages in place (us: the difference of the medians of two prefix graphs, each a forward stopped "
-           "after the "
-           "stage; gather runs only before a wgmma first GEMM):\n";
-      s += fmt::format("{:>6}", "tokens");
+           "after the stage; launch: a graph of one empty kernel; gather runs only before a wgmma first "
+           "GEMM):\n";
+      s += fmt::format("{:>6} {:>9}", "tokens", "launch");
       for (const ForwardStage st : kForwardStages) s += fmt::format(" {:>9}", forward_stage_name(st));
       s += fmt::format(" {:>9}\n", "sum");
       for (const auto& row : r.rows) {
         if (row.prefix_us.size() != std::size(kForwardStages)) continue;
-        s += fmt::format("{:>6}", row.tokens);
-        double prev = 0.0;
+        s += fmt::format("{:>6} {:>9.1f}", row.tokens, row.launch_us);
+        double prev = row.launch_us;
         for (const double p : row.prefix_us) {
           s += fmt::format(" {:>9.1f}", p - prev);
           prev = p;
@@ -189,7 +189,8 @@ nlohmann::json to_json(const BenchReport& r) {
       x["tflops"] = row.flops / row.fp4moe.median_us * 1e-6;
     }
     if (row.prefix_us.size() == std::size(kForwardStages)) {
-      double prev = 0.0;
+      x["stages_us"]["launch"] = row.launch_us;
+      double prev = row.launch_us;
       for (std::size_t i = 0; i < row.prefix_us.size(); ++i) {
         x["stages_us"][forward_stage_name(kForwardStages[i])] = row.prefix_us[i] - prev;
         prev = row.prefix_us[i];

@@ -47,8 +47,10 @@ struct BenchRow {
   double floor_us = 0.0;
   TimeStats fp4moe;
   TimeStats baseline;
-  // With BenchOptions::stages: the median of the forward stopped after each ForwardStage, in
+  // With BenchOptions::stages: the median of a graph of one empty kernel (what launching and
+  // timing a graph costs by itself), then of the forward stopped after each ForwardStage, in
   // order (the last is the whole forward, timed again beside the others).
+  double launch_us = 0.0;
   std::vector<double> prefix_us;
   std::string plan;  // what fp4moe ran
 };

@@ -462,6 +462,9 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     }
     row.fp4moe = time_graphs(graphs, s, options.warmup, options.iterations);
     if (options.stages) {
+      std::vector<Graph> empty(1);
+      empty[0].capture(s, [&] { FP4MOE_CUDA_CHECK(kernels::launch_empty(s)); });
+      row.launch_us = time_graphs(empty, s, options.warmup, options.iterations).median_us;
       for (const ForwardStage stage : kForwardStages) {
         std::vector<Graph> prefix;
         for (int i = 0; i < sets; ++i) {

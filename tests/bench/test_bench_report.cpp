@@ -33,13 +33,17 @@ bench::BenchReport gpu_report() {
 
 TEST(BenchReport, StagesAreTheDifferencesOfThePrefixMedians) {
   bench::BenchReport r = gpu_report();
-  r.rows[0].prefix_us = {6.0, 6.5, 55.0, 80.0, 85.0};  // routing, gather, gate/up, down, finalize
+  r.rows[0].launch_us = 4.0;
+  r.rows[0].prefix_us = {10.0, 10.5, 59.0, 84.0, 89.0};  // routing, gather, gate/up, down, finalize
   const std::string text = bench::format_table(r);
   EXPECT_THAT(text, HasSubstr("stages in place"));
-  EXPECT_THAT(text, HasSubstr("  routing    gather   gate/up      down  finalize       sum"));
-  EXPECT_THAT(text, HasSubstr("     1       6.0       0.5      48.5      25.0       5.0      85.0\n"));
+  EXPECT_THAT(text,
+              HasSubstr("tokens    launch   routing    gather   gate/up      down  finalize       sum"));
+  EXPECT_THAT(text,
+              HasSubstr("     1       4.0       6.0       0.5      48.5      25.0       5.0      89.0\n"));
   const auto j = bench::to_json(r);
   const auto& st = j.at("rows").at(0).at("stages_us");
+  EXPECT_DOUBLE_EQ(st.at("launch").get<double>(), 4.0);
   EXPECT_DOUBLE_EQ(st.at("routing").get<double>(), 6.0);
   EXPECT_DOUBLE_EQ(st.at("gather").get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(st.at("gate/up").get<double>(), 48.5);
