@@ -130,11 +130,10 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 // out[s][permuted_k(k)] = x[slot_token[s]][k] (x[s] when slot_token is null), zero past k, for
-// s < *total_slots (read on the device; max_slots bounds it). With `pdl`, launched to overlap the
-// grouping kernel before it (it waits for it before reading).
+// s < *total_slots (read on the device; max_slots bounds it).
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
                                   const std::int32_t* total_slots, int max_slots, int k, int k_padded,
-                                  std::uint16_t* out, bool pdl, cudaStream_t stream);
+                                  std::uint16_t* out, cudaStream_t stream);
 
 struct FinalizeArgs {
   const std::uint16_t* y = nullptr;         // [slots, hidden] bf16

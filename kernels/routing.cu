@@ -186,19 +186,7 @@ __device__ int route_token(const RouteArgs& a, int t, int lane) {
 }
 
 template <int THREADS>
-using BlockScan = cub::BlockScan<unsigned long long, THREADS, cub::BLOCK_SCAN_WARP_SCANS>;
-
-// Two 32-bit counts in one 64-bit word: a scan of the word scans both (no count or sum reaches
-// 2^32: at most T * (k + pieces) slots), so two scans of 64-bit words do the work of four.
-__device__ __forceinline__ unsigned long long pack2(int hi, int lo) {
-  return (static_cast<unsigned long long>(static_cast<unsigned>(hi)) << 32) | static_cast<unsigned>(lo);
-}
-__device__ __forceinline__ int hi32(unsigned long long v) {
-  return static_cast<int>(v >> 32);
-}
-__device__ __forceinline__ int lo32(unsigned long long v) {
-  return static_cast<int>(static_cast<unsigned>(v));
-}
+using BlockScan = cub::BlockScan<int, THREADS>;
 
 // Offsets, active list and per-GEMM token-block prefixes from `counts` (n experts). One CTA of
 // kSmallThreads threads, one expert each; writes the results to global memory and the offsets
@@ -210,28 +198,32 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   const int flag = cnt > 0 ? 1 : 0;
   const int tb0 = (cnt + g.tb_tokens[0] - 1) / g.tb_tokens[0];
   const int tb1 = (cnt + g.tb_tokens[1] - 1) / g.tb_tokens[1];
-  unsigned long long tokens_active = 0, blocks = 0, total_ta = 0, total_blocks = 0;
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(pack2(cnt, flag), tokens_active, total_ta);
+  int off = 0, pos = 0, p0 = 0, p1 = 0;
+  int total = 0, n_active = 0, total0 = 0, total1 = 0;
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(cnt, off, total);
   __syncthreads();
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(pack2(tb0, tb1), blocks, total_blocks);
-  const int off = hi32(tokens_active), pos = lo32(tokens_active);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(flag, pos, n_active);
+  __syncthreads();
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb0, p0, total0);
+  __syncthreads();
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb1, p1, total1);
+  __syncthreads();
   if (e < n) {
     g.offsets[e] = off;
     g.cursors[e] = 0;
     if (offsets_smem != nullptr) offsets_smem[e] = off;
     if (flag) {
       g.active[pos] = e;
-      g.tb_prefix[0][pos] = hi32(blocks);
-      g.tb_prefix[1][pos] = lo32(blocks);
+      g.tb_prefix[0][pos] = p0;
+      g.tb_prefix[1][pos] = p1;
     }
   }
   if (e == 0) {
-    const int n_active = lo32(total_ta);
-    g.offsets[n] = hi32(total_ta);
-    if (offsets_smem != nullptr) offsets_smem[n] = hi32(total_ta);
+    g.offsets[n] = total;
+    if (offsets_smem != nullptr) offsets_smem[n] = total;
     *g.n_active = n_active;
-    g.tb_prefix[0][n_active] = hi32(total_blocks);
-    g.tb_prefix[1][n_active] = lo32(total_blocks);
+    g.tb_prefix[0][n_active] = total0;
+    g.tb_prefix[1][n_active] = total1;
   }
 }
 
@@ -264,9 +256,6 @@ __device__ __forceinline__ void scatter_shared(const GroupArgs& g, int idx, cons
 template <int PER>
 __global__ void __launch_bounds__(kSmallThreads)
     route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
-  // The first GEMM, launched with PDL, may be scheduled now: it waits for this grid's end before
-  // it reads anything, and meanwhile its launch and set-up overlap the routing.
-  pdl_launch_dependents();
   constexpr int kWarps = kSmallThreads / 32;
   __shared__ int counts[kMaxTotalExperts];
   __shared__ int offsets[kMaxTotalExperts + 1];
@@ -327,7 +316,6 @@ __global__ void __launch_bounds__(kSmallThreads) group_scan_kernel(const GroupAr
 }
 
 __global__ void __launch_bounds__(kThreads) group_scatter_kernel(const GroupArgs ga) {
-  pdl_launch_dependents();  // as in route_group_small_kernel
   const int idx = blockIdx.x * kThreads + threadIdx.x;
   const int pairs = ga.tokens * ga.top_k;
   if (idx < pairs) {

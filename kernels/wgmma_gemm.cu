@@ -437,7 +437,6 @@ __global__ void __launch_bounds__(256)
     permute_gather_kernel(const std::uint16_t* x, const std::int32_t* slot_token,
                           const std::int32_t* total_slots, int k, int k_padded, std::uint16_t* out) {
   pdl_wait();
-  pdl_launch_dependents();  // the wgmma GEMM may be scheduled: it waits for this grid's end
   const int s = blockIdx.x;
   if (s >= *total_slots) return;  // fewer slots than the bound: caller-given ids were dropped
   const std::uint16_t* src = x + static_cast<std::int64_t>(slot_token != nullptr ? slot_token[s] : s) * k;
@@ -538,10 +537,10 @@ cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig&
 
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
                                   const std::int32_t* total_slots, int max_slots, int k, int k_padded,
-                                  std::uint16_t* out, bool pdl, cudaStream_t stream) {
+                                  std::uint16_t* out, cudaStream_t stream) {
   if (max_slots == 0) return cudaSuccess;
-  return launch_kernel(permute_gather_kernel, max_slots, 256, 0, pdl, stream, x, slot_token, total_slots, k,
-                       k_padded, out);
+  permute_gather_kernel<<<max_slots, 256, 0, stream>>>(x, slot_token, total_slots, k, k_padded, out);
+  return cudaGetLastError();
 }
 
 }  // namespace fp4moe::kernels

@@ -308,7 +308,7 @@ struct MoeLayer::Impl {
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens, int tb1,
                        int tb2) const;
   // The k-permuted, slot-ordered copy of x that a wgmma first GEMM reads (after grouping).
-  void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens, bool pdl) const;
+  void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
   // h_permuted: the first GEMM stores h in mma-k order for a wgmma second GEMM).
   kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
@@ -533,11 +533,11 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   }
 }
 
-void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens, bool pdl) const {
+void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const {
   FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(
       reinterpret_cast<const std::uint16_t*>(x), slot_token, offsets + experts_total,
       static_cast<int>(max_slots_for(tokens)), static_cast<int>(desc.hidden), static_cast<int>(h_padded),
-      x_perm, pdl, stream));
+      x_perm, stream));
 }
 
 kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
@@ -618,7 +618,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
 
   route_and_group(stream, logits, ids_in, T, c1.token_block(), c2.token_block());
   if (last == ForwardStage::kRouting) return;
-  if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens, pdl);
+  if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
   if (last == ForwardStage::kGather) return;
   launch(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1, e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
@@ -763,8 +763,7 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
   // A wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
   // layer's construction and since written only with finite values: its contents do not change
   // the time.
-  if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma)
-    m.permute_gather(t.stream, x, t.tokens, false);
+  if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
   const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
   const auto launch_once = [&] { m.launch(args, choice, epi, false, t.stream); };
