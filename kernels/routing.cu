@@ -62,45 +62,30 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long ke
   return (static_cast<unsigned long long>(max_hi) << 32) | max_lo;
 }
 
-// Sorts v[0..N) into descending order (an odd-even transposition network: N rounds of
-// independent compare-exchanges, all in registers).
-template <int N>
-__device__ __forceinline__ void sort_descending(unsigned long long (&v)[N]) {
-#pragma unroll
-  for (int round = 0; round < N; ++round) {
-#pragma unroll
-    for (int i = round & 1; i + 1 < N; i += 2) {
-      const unsigned long long hi = v[i] > v[i + 1] ? v[i] : v[i + 1];
-      const unsigned long long lo = v[i] > v[i + 1] ? v[i + 1] : v[i];
-      v[i] = hi;
-      v[i + 1] = lo;
-    }
-  }
-}
-
-// Token t's selection key of expert e; its value (sigmoid or logit, for the weights) goes to
-// vals[e], so that only the keys need registers (PER = 16, E <= 512, within the 1024-thread
-// CTA's registers).
-__device__ __forceinline__ unsigned long long expert_key(const RouteArgs& a, int t, int e, float* vals) {
-  const float l = a.logits[static_cast<std::int64_t>(t) * a.experts + e];
-  if (a.router == RouterId::kSigmoidGroupTopK) {
-    const float s = portable_sigmoid(l);
-    vals[e] = s;
-    return rank_key(pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f), e);
-  }
-  vals[e] = l;
-  return rank_key(l, e);  // softmax is monotonic: rank by logits (no ties made by rounding)
-}
-
-// Selects token t's picks with one warp from its keys (key[i]: expert lane + 32 i, 0 past E)
-// and values (vals, written by expert_key and visible to the warp). Writes the picks and
-// weights of token t and returns the pick of rank `lane` in lanes < k (else -1).
+// Routes token t with one warp; PER = experts per lane (expert e = lane + 32 i). Writes the
+// picks and weights of token t and returns the pick of rank `lane` in lanes < k (else -1).
 template <int PER>
-__device__ int select_token(const RouteArgs& a, int t, int lane, unsigned long long (&key)[PER],
-                            const float* vals) {
+__device__ int route_token(const RouteArgs& a, int t, int lane) {
   const int E = a.experts;
   const float* logits = a.logits + static_cast<std::int64_t>(t) * E;
   const bool sigmoid = a.router == RouterId::kSigmoidGroupTopK;
+  // Only the keys stay in registers; a pick's value (sigmoid or logit) is recomputed from its
+  // logit afterwards, which keeps PER = 16 (E <= 512) within the 1024-thread CTA's registers.
+  unsigned long long key[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = 0;
+    if (e < E) {
+      const float l = logits[e];
+      if (sigmoid) {
+        const float s = portable_sigmoid(l);
+        key[i] = rank_key(pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f), e);
+      } else {
+        key[i] = rank_key(l, e);  // softmax is monotonic: rank by logits (no ties made by rounding)
+      }
+    }
+  }
 
   if (sigmoid && a.n_group > 1) {
     // Group score = best + second selection score of each group of E / n_group experts, by
@@ -138,21 +123,29 @@ __device__ int select_token(const RouteArgs& a, int t, int lane, unsigned long l
     }
   }
 
-  // Each lane's keys in descending order: a round's winner then only shifts its list by one
-  // (no rescan of its keys on the round's critical path).
-  sort_descending(key);
+  // The lane's best key, kept current as picks are taken.
+  unsigned long long lk = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) lk = key[i] > lk ? key[i] : lk;
   int my_pick = -1;
+  std::uint32_t taken = 0;
   for (int r = 0; r < a.top_k; ++r) {
-    const unsigned long long best = warp_max_key(key[0]);
+    const unsigned long long best = warp_max_key(lk);
     const int id = key_id(best);
     if (lane == r) my_pick = id;
-    const bool won = (id & 31) == lane;
+    if ((id & 31) == lane) {
+      // A taken mask, not a store into key[]: an indexed store would move key[] to local memory.
+      taken |= 1u << (id >> 5);
+      lk = 0;
 #pragma unroll
-    for (int i = 0; i + 1 < PER; ++i) key[i] = won ? key[i + 1] : key[i];
-    key[PER - 1] = won ? 0ull : key[PER - 1];
+      for (int i = 0; i < PER; ++i) {
+        if (!((taken >> i) & 1u) && key[i] > lk) lk = key[i];
+      }
+    }
   }
   // The pick's value: sigmoid router s, otherwise the logit.
-  const float my_val = my_pick >= 0 ? vals[my_pick] : 0.0f;
+  const float pick_logit = my_pick >= 0 ? logits[my_pick] : 0.0f;
+  const float my_val = sigmoid ? portable_sigmoid(pick_logit) : pick_logit;
 
   // Weights, in the reference's operation order where it is cheap to keep (see docs/NUMERICS.md).
   const int k = a.top_k;
@@ -190,19 +183,6 @@ __device__ int select_token(const RouteArgs& a, int t, int lane, unsigned long l
     a.topk_weights[static_cast<std::int64_t>(t) * k + lane] = w;
   }
   return lane < k ? my_pick : -1;
-}
-
-// Routes token t with one warp (PER = experts per lane); vals: this warp's E floats.
-template <int PER>
-__device__ int route_token(const RouteArgs& a, int t, int lane, float* vals) {
-  unsigned long long key[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + 32 * i;
-    key[i] = e < a.experts ? expert_key(a, t, e, vals) : 0ull;
-  }
-  __syncwarp();  // vals, read by other lanes
-  return select_token<PER>(a, t, lane, key, vals);
 }
 
 template <int THREADS>
@@ -274,45 +254,22 @@ __device__ __forceinline__ void scatter_shared(const GroupArgs& g, int idx, cons
 }
 
 template <int PER>
-__global__ void __launch_bounds__(kSmallThreads, 1)
+__global__ void __launch_bounds__(kSmallThreads)
     route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
   constexpr int kWarps = kSmallThreads / 32;
-  constexpr int kWarpsPerToken = kSmallRouteExperts / 32;
   __shared__ int counts[kMaxTotalExperts];
   __shared__ int offsets[kMaxTotalExperts + 1];
   __shared__ typename BlockScan<kSmallThreads>::TempStorage temp;
-  __shared__ __align__(8) float vals[kWarps][kSmallRouteExperts];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int n = ga.experts + ga.shared_pieces;
 
   if (threadIdx.x < n) counts[threadIdx.x] = threadIdx.x < ga.experts ? 0 : ga.tokens;
   __syncthreads();
-  if (ra.logits != nullptr && ra.tokens * kWarpsPerToken <= kWarps) {
-    // Few tokens: the keys of token t are computed by warps kWarpsPerToken t .. (one expert per
-    // lane), so that a lane evaluates one router function, not PER in a row; warp t then selects.
-    // The keys live in the vals rows of warps that route no token here (static shared memory
-    // is limited to 48 KB).
-    constexpr int kTokens = kWarps / kWarpsPerToken;
-    auto* keys = reinterpret_cast<unsigned long long(*)[kSmallRouteExperts]>(&vals[kTokens][0]);
-    static_assert(sizeof(unsigned long long) * kTokens * kSmallRouteExperts <=
-                  sizeof(float) * (kWarps - kTokens) * kSmallRouteExperts);
-    const int t = warp / kWarpsPerToken;
-    const int e = warp % kWarpsPerToken * 32 + lane;
-    if (t < ra.tokens && e < ra.experts) keys[t][e] = expert_key(ra, t, e, vals[t]);
-    __syncthreads();
-    if (warp < ra.tokens) {
-      unsigned long long key[PER];
-#pragma unroll
-      for (int i = 0; i < PER; ++i) key[i] = lane + 32 * i < ra.experts ? keys[warp][lane + 32 * i] : 0ull;
-      const int pick = select_token<PER>(ra, warp, lane, key, vals[warp]);
-      if (pick >= 0) atomicAdd(&counts[pick], 1);
-    }
-  } else if (ra.logits != nullptr) {
+  if (ra.logits != nullptr) {
     for (int t = warp; t < ra.tokens; t += kWarps) {
-      const int pick = route_token<PER>(ra, t, lane, vals[warp]);
+      const int pick = route_token<PER>(ra, t, lane);
       if (pick >= 0) atomicAdd(&counts[pick], 1);
-      __syncwarp();  // vals[warp] is rewritten for the warp's next token
     }
   } else {  // routed by the caller: count the given ids
     for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads) {
@@ -336,10 +293,9 @@ __global__ void __launch_bounds__(kThreads) route_count_kernel(const RouteArgs r
   constexpr int kWarps = kThreads / 32;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  __shared__ float vals[kWarps][kMaxRoutedExperts];
   const int t = blockIdx.x * kWarps + warp;
   if (t >= ra.tokens) return;
-  const int pick = route_token<PER>(ra, t, lane, vals[warp]);
+  const int pick = route_token<PER>(ra, t, lane);
   if (pick >= 0) atomicAdd(&ga.counts[pick], 1);
 }
 
