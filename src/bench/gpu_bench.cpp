@@ -451,32 +451,25 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     row.floor_us = std::max(row.bytes / (r.copy_gbps * 1e3), row.flops / (r.bf16_tflops * 1e6));
     row.plan = layer.plan_summary(T);
 
-    std::vector<Graph> graphs;
-    for (int i = 0; i < sets; ++i) {
-      graphs.emplace_back();
-      graphs.back().capture(s, [&] {
-        layer.forward(s, reinterpret_cast<const Bf16*>(xs[static_cast<std::size_t>(i)].get()),
-                      logits[static_cast<std::size_t>(i)].get(),
-                      reinterpret_cast<Bf16*>(outs[static_cast<std::size_t>(i)].get()), T);
-      });
-    }
-    row.fp4moe = time_graphs(graphs, s, options.warmup, options.iterations);
+    // Median of the forward (through stage `last`) replayed over the input sets.
+    const auto time_forward = [&](ForwardStage last) {
+      std::vector<Graph> graphs;
+      for (int i = 0; i < sets; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        graphs.emplace_back();
+        graphs.back().capture(s, [&] {
+          layer.forward_until(s, reinterpret_cast<const Bf16*>(xs[k].get()), logits[k].get(),
+                              reinterpret_cast<Bf16*>(outs[k].get()), T, last);
+        });
+      }
+      return time_graphs(graphs, s, options.warmup, options.iterations);
+    };
+    row.fp4moe = time_forward(ForwardStage::kFinalize);
     if (options.stages) {
       std::vector<Graph> empty(1);
       empty[0].capture(s, [&] { FP4MOE_CUDA_CHECK(kernels::launch_empty(s)); });
       row.launch_us = time_graphs(empty, s, options.warmup, options.iterations).median_us;
-      for (const ForwardStage stage : kForwardStages) {
-        std::vector<Graph> prefix;
-        for (int i = 0; i < sets; ++i) {
-          prefix.emplace_back();
-          prefix.back().capture(s, [&] {
-            layer.forward_until(s, reinterpret_cast<const Bf16*>(xs[static_cast<std::size_t>(i)].get()),
-                                logits[static_cast<std::size_t>(i)].get(),
-                                reinterpret_cast<Bf16*>(outs[static_cast<std::size_t>(i)].get()), T, stage);
-          });
-        }
-        row.prefix_us.push_back(time_graphs(prefix, s, options.warmup, options.iterations).median_us);
-      }
+      for (const ForwardStage stage : kForwardStages) row.prefix_us.push_back(time_forward(stage).median_us);
     }
     if (bf16) {
       std::vector<Graph> bgraphs;
