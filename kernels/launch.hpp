@@ -50,6 +50,10 @@ struct GroupArgs {
   int experts = 0;                                  // routed experts E
   int shared_pieces = 0;                            // P
   int tb_tokens[2] = {8, 8};                        // token-block size of each GEMM (8 * n_tiles)
+  // Per GEMM: an expert's last block counts in tb_prefix only when it holds more than this many
+  // tokens; a shorter one is left to the narrower tail launches (StreamGemmArgs::tail_of). 0: every
+  // block counts (no tail launches).
+  int tb_tail[2] = {0, 0};
   std::int32_t* counts = nullptr;                   // [E+P]; zero before route_scatter_large
   std::int32_t* cursors = nullptr;                  // [E+P]
   std::int32_t* offsets = nullptr;                  // [E+P+1]
@@ -94,6 +98,14 @@ struct StreamGemmArgs {
   const std::int32_t* active = nullptr;
   const std::int32_t* n_active = nullptr;
   const std::int32_t* tb_prefix = nullptr;
+  // wgmma only. 0: the launch covers the tb_prefix blocks. > 0: a tail launch; for each active
+  // expert whose count r = count % tail_of lies in (tail_lo, tail_hi], it covers the one block of
+  // the expert's last r tokens (the blocks the main launch, of tail_of tokens, left out: see
+  // GroupArgs::tb_tail). It starts without waiting for the launch before it (whose own wait saw
+  // its inputs complete) and waits for it before exiting, so whatever follows sees both done.
+  int tail_of = 0;
+  int tail_lo = 0;
+  int tail_hi = 0;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2

@@ -19,6 +19,7 @@
 #include "fp4moe/detail/portable_math.hpp"
 #include "kernels/common.cuh"
 #include "kernels/launch.hpp"
+#include "kernels/wgmma_gemm_layout.hpp"
 
 namespace fp4moe::kernels {
 namespace {
@@ -196,8 +197,8 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   const int e = threadIdx.x;
   const int cnt = e < n ? counts[e] : 0;
   const int flag = cnt > 0 ? 1 : 0;
-  const int tb0 = (cnt + g.tb_tokens[0] - 1) / g.tb_tokens[0];
-  const int tb1 = (cnt + g.tb_tokens[1] - 1) / g.tb_tokens[1];
+  const int tb0 = main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0]);
+  const int tb1 = main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1]);
   int off = 0, pos = 0, p0 = 0, p1 = 0;
   int total = 0, n_active = 0, total0 = 0, total1 = 0;
   BlockScan<kSmallThreads>(temp).ExclusiveSum(cnt, off, total);

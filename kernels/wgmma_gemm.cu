@@ -184,12 +184,15 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t
 struct WgmmaItem {
   int expert;
   int slot0;    // first slot (row of act) of the token block
-  int m_count;  // tokens of the block that belong to the expert
+  int m_count;  // tokens of the block that belong to the expert; 0: a tail launch's item of an
+                // expert whose last block is not this launch's (nothing to do)
   int group0;   // first 64-row group
 };
 
 // The items a CTA visits, in order (blockIdx.x, + gridDim.x, ...): the producer and the consumers
-// each walk the same sequence.
+// each walk the same sequence. A main launch: the tb_prefix blocks of every active expert; a tail
+// launch (p.tail_of > 0): one item per active expert and row block, empty unless the expert's
+// last r = count % tail_of tokens lie in (tail_lo, tail_hi].
 template <int NT>
 struct WgmmaItems {
   const StreamGemmArgs& p;
@@ -197,10 +200,22 @@ struct WgmmaItems {
   std::int64_t total;
   int cursor = 0;
 
+  __device__ static std::int64_t count(const StreamGemmArgs& p, int n_active) {
+    const int blocks = p.tail_of > 0 ? n_active : p.tb_prefix[n_active];
+    return static_cast<std::int64_t>(blocks) * p.row_blocks;
+  }
+
   __device__ WgmmaItem at(std::int64_t item) {
     constexpr int kTokens = NT * 8;
     const int pb = static_cast<int>(item / p.row_blocks);
     const int rb = static_cast<int>(item % p.row_blocks);
+    if (p.tail_of > 0) {
+      const int expert = p.active[pb];
+      const int end = p.offsets[expert + 1];
+      const int r = (end - p.offsets[expert]) % p.tail_of;
+      const bool mine = r > p.tail_lo && r <= p.tail_hi;
+      return {expert, end - r, mine ? r : 0, rb * WgmmaGemmLayout::kGroups};
+    }
     while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
     const int expert = p.active[cursor];
     const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
@@ -239,23 +254,35 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   }
   __syncthreads();  // the last CTA-wide barrier: the warpgroups part here
 
-  pdl_wait();
+  // A tail launch reads what the launch before it read (complete: that launch started only after
+  // its own wait) and writes other rows, so it overlaps that launch's last items; it waits for it
+  // at its exit instead (`finish`), so that a kernel after the tail sees both complete.
+  const bool tail = p.tail_of > 0;
+  if (!tail) pdl_wait();
   pdl_launch_dependents();
+  auto finish = [&]() {
+    if (tail) pdl_wait();
+  };
 
-  const int n_active = *p.n_active;
   const int expert_groups = (p.rows + WeightLayout::kGroupRows - 1) / WeightLayout::kGroupRows;
-  const std::int64_t total_items = static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks;
   const int n_chunks = p.n_chunks;
-  WgmmaItems<NT> items{p, n_active, total_items};
 
   if (warp < 4) {
     // Producer warpgroup: one thread issues every copy; the others have nothing to do.
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0) {
+      finish();
+      return;
+    }
+    // (Read after setmaxnreg: values live across it are spilled.)
+    const int n_active = *p.n_active;
+    const std::int64_t total_items = WgmmaItems<NT>::count(p, n_active);
+    WgmmaItems<NT> items{p, n_active, total_items};
     int slot = 0;
     std::uint32_t phase = 0;
     for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
       const WgmmaItem it = items.at(item);
+      if (it.m_count == 0) continue;
       const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
       const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
                                  static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
@@ -277,10 +304,14 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
         }
       }
     }
+    finish();
     return;
   }
 
   setmaxnreg_inc<kConsumerRegs>();
+  const int n_active = *p.n_active;
+  const std::int64_t total_items = WgmmaItems<NT>::count(p, n_active);
+  WgmmaItems<NT> items{p, n_active, total_items};
   const int cw = warp - 4;  // consumer warp 0 .. CW-1
   const int wg = cw >> 2;   // consumer warpgroup: m64 blocks kMB wg ..
   const int wi = cw & 3;    // warp within the warpgroup
@@ -344,6 +375,7 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
 
   for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
     const WgmmaItem it = items.at(item);
+    if (it.m_count == 0) continue;
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
 #pragma unroll
@@ -393,6 +425,7 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
       }
     }
   }
+  finish();
 #endif
 }
 

@@ -45,7 +45,7 @@ struct WgmmaShape {
   int n_tiles;
   int consumer_warps;
 };
-// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 232 registers). 16: four
+// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 224 registers). 16: four
 // warpgroups of 64 rows (104 registers each; n16 would spill, so 32 and 64 tokens only), twice
 // the warps to hide the decode's latency at the cost of more per-chunk overhead per row.
 inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 8}, {8, 8}, {16, 8}, {4, 16}, {8, 16}};
@@ -78,10 +78,11 @@ struct WgmmaGemmLayout {
   // Registers per thread after setmaxnreg. NOTE: the pool is the CTA's own allocation (threads x
   // the count the kernel was compiled to), not the SM's register file: setmaxnreg.inc waits
   // forever for registers the producer did not give back. 8 consumer warps, compiled to 168:
-  // 128 x 40 + 256 x 232 = 64512 = 384 x 168; 16 consumer warps, compiled to 96:
-  // 128 x 40 + 512 x 104 = 58368 <= 640 x 96.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 232 : 104; }
+  // 128 x 48 + 256 x 224 = 63488 <= 384 x 168; 16 consumer warps, compiled to 96:
+  // 128 x 48 + 512 x 104 = 59392 <= 640 x 96. (The producer's 48: with 40, ptxas spilled its item
+  // walk once tail launches were added; the consumers need no more than 224.)
+  static constexpr int kProducerRegs = 48;
+  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 224 : 104; }
   static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c) {
     return static_cast<std::int64_t>(kProducerWarps) * 32 * kProducerRegs +
            static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c);
@@ -100,6 +101,39 @@ struct WgmmaGemmLayout {
     return compiled(c) && c.stages >= 3 && c.stages <= 8;
   }
 };
+
+// Token blocks of an expert with `count` tokens in the main launch of a GEMM with blocks of
+// `block` tokens, when tail launches take a last block of at most `tail_max` tokens (0: no tail
+// launches, every block is the main launch's). The routing's scan and the host share this rule.
+constexpr int main_token_blocks(int count, int block, int tail_max) {
+  return count / block + (count % block > tail_max ? 1 : 0);
+}
+
+// Tail launches (wgmma only): an expert's last r = count % block tokens, 0 < r <= block / 2, run as
+// one block of a narrower instance, so the tensor cores skip most of the padding of that block.
+// A 128-token main block leaves r in (32, 64] to a 64-token instance and r <= 32 to a 32-token
+// one; a 64-token block leaves r <= 32 to the 32-token one. The narrowest instance has none.
+struct WgmmaTail {
+  int n_tiles;   // the tail instance's 8-token tiles
+  int lo, hi;    // it takes r in (lo, hi]
+};
+constexpr int wgmma_tail_count(int n_tiles) { return n_tiles == 16 ? 2 : (n_tiles == 8 ? 1 : 0); }
+constexpr WgmmaTail wgmma_tail(int n_tiles, int i) {
+  // i = 0: the widest tail instance, half the main block.
+  const int half = n_tiles / 2;
+  const bool last = i + 1 == wgmma_tail_count(n_tiles);
+  const int nt = half >> i;
+  return {nt, last ? 0 : 4 * nt, 8 * nt};
+}
+// The largest last block a main launch of n_tiles leaves to its tail launches.
+constexpr int wgmma_tail_max(int n_tiles) { return wgmma_tail_count(n_tiles) > 0 ? 4 * n_tiles : 0; }
+
+static_assert(wgmma_tail_max(16) == 64 && wgmma_tail_max(8) == 32 && wgmma_tail_max(4) == 0);
+static_assert(wgmma_tail(16, 0).n_tiles == 8 && wgmma_tail(16, 0).lo == 32 && wgmma_tail(16, 0).hi == 64);
+static_assert(wgmma_tail(16, 1).n_tiles == 4 && wgmma_tail(16, 1).lo == 0 && wgmma_tail(16, 1).hi == 32);
+static_assert(wgmma_tail(8, 0).n_tiles == 4 && wgmma_tail(8, 0).lo == 0 && wgmma_tail(8, 0).hi == 32);
+static_assert(main_token_blocks(142, 128, 64) == 1 && main_token_blocks(200, 128, 64) == 2);
+static_assert(main_token_blocks(64, 128, 64) == 0 && main_token_blocks(65, 128, 0) == 1);
 
 static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
 static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);

@@ -124,6 +124,26 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
   return c;
 }
 
+std::vector<TailLaunch> tail_launches(const GemmChoice& c, std::int64_t smem_per_block_optin) {
+  std::vector<TailLaunch> tails;
+  if (c.kernel != GemmKernel::kWgmma) return tails;
+  for (int i = 0; i < kernels::wgmma_tail_count(c.n_tiles); ++i) {
+    const kernels::WgmmaTail t = kernels::wgmma_tail(c.n_tiles, i);
+    GemmChoice tc = c;
+    tc.n_tiles = t.n_tiles;
+    tc.stages = 8;
+    while (tc.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(tc)) > smem_per_block_optin) {
+      --tc.stages;
+    }
+    tails.push_back({tc, t.lo, t.hi});
+  }
+  return tails;
+}
+
+int tail_max(const GemmChoice& c) {
+  return c.kernel == GemmKernel::kWgmma ? kernels::wgmma_tail_max(c.n_tiles) : 0;
+}
+
 StreamGemmConfig stream_config(const GemmChoice& c) {
   return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split};
 }

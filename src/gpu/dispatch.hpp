@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fp4moe/layer.hpp"
 #include "fp4moe/moe_layer.hpp"
@@ -35,6 +36,18 @@ kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64
 // sees few tokens (weight bytes dominate), the tiled kernel once each decoded weight can be
 // reused for 32 or more tokens.
 GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits);
+
+// The tail launches that run after a wgmma GEMM of choice c (kernels::wgmma_tail): each expert's
+// last block, when it holds at most half of c's tokens, runs on a narrower wgmma instance, widest
+// first, each with the deepest ring (at most 8 stages) that fits smem_per_block_optin. Empty for
+// the other kernels and for 32-token blocks.
+struct TailLaunch {
+  GemmChoice choice;
+  int lo = 0, hi = 0;  // the launch takes last blocks of r tokens, lo < r <= hi
+};
+std::vector<TailLaunch> tail_launches(const GemmChoice& c, std::int64_t smem_per_block_optin);
+// The largest last block c's tail launches take (GroupArgs::tb_tail); 0 without tail launches.
+int tail_max(const GemmChoice& c);
 
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);

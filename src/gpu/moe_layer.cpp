@@ -144,6 +144,7 @@ struct MoeLayer::Impl {
   // The decision for each token count seen (the first forward of a T decides; later ones look it up).
   struct Decision {
     GemmChoice choice[2];
+    std::vector<gpu::TailLaunch> tails[2];  // the tail launches of each GEMM (wgmma only)
   };
   mutable std::mutex decisions_mu;
   mutable std::map<std::int64_t, Decision> decisions;
@@ -171,7 +172,20 @@ struct MoeLayer::Impl {
     Decision d;
     d.choice[0] = pick(tokens, gpu::Gemm::kGateUp).choice;
     d.choice[1] = pick(tokens, gpu::Gemm::kDown).choice;
+    d.tails[0] = tails(tokens, gpu::Gemm::kGateUp, d.choice[0]);
+    d.tails[1] = tails(tokens, gpu::Gemm::kDown, d.choice[1]);
     return decisions.emplace(tokens, d).first->second;
+  }
+
+  // The tail launches of GEMM `which` under choice c, each judged by the planner like c itself
+  // (it throws, naming the reason, for one it rejects: never launched).
+  std::vector<gpu::TailLaunch> tails(std::int64_t tokens, gpu::Gemm which, const GemmChoice& c) const {
+    std::vector<gpu::TailLaunch> t = gpu::tail_launches(c, limits.smem_per_block_optin);
+    for (const gpu::TailLaunch& tl : t) {
+      pick_layer_gemm(desc, tokens, gemm_kind(which), arch, &measured,
+                      GemmPreference{tl.choice, PickSource::kForced, "the tail blocks of " + c.to_string()});
+    }
+    return t;
   }
 
   kernels::StreamEpilogue epilogue(gpu::Gemm which) const {
@@ -285,6 +299,20 @@ struct MoeLayer::Impl {
     return static_cast<int>((tiles + per_item - 1) / per_item);
   }
 
+  // The GEMM under choice c, then its tail launches (each over the expert's last blocks c left out).
+  void launch_with_tails(const kernels::StreamGemmArgs& args, const GemmChoice& c,
+                         const std::vector<gpu::TailLaunch>& tails, kernels::StreamEpilogue epi, bool pdl,
+                         Stream stream) const {
+    launch(args, c, epi, pdl, stream);
+    for (const gpu::TailLaunch& t : tails) {
+      kernels::StreamGemmArgs a = args;
+      a.tail_of = c.token_block();
+      a.tail_lo = t.lo;
+      a.tail_hi = t.hi;
+      launch(a, t.choice, epi, pdl, stream);
+    }
+  }
+
   void launch(const kernels::StreamGemmArgs& args, const GemmChoice& c, kernels::StreamEpilogue epi, bool pdl,
               Stream stream) const {
     const int g = grid(c, epi);
@@ -304,9 +332,10 @@ struct MoeLayer::Impl {
   std::int64_t max_slots_for(std::int64_t tokens) const { return tokens * (desc.top_k + pieces); }
 
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
-  // by expert, with token blocks of tb1 tokens for the first GEMM and tb2 for the second.
-  void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens, int tb1,
-                       int tb2) const;
+  // by expert, with the token blocks of the first GEMM's choice c1 and the second's c2 (whose tail
+  // launches take the last blocks of at most gpu::tail_max tokens).
+  void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
+                       const GemmChoice& c1, const GemmChoice& c2) const;
   // The k-permuted, slot-ordered copy of x that a wgmma first GEMM reads (after grouping).
   void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
@@ -483,7 +512,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
 }
 
 void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
-                                     int tokens, int tb1, int tb2) const {
+                                     int tokens, const GemmChoice& c1, const GemmChoice& c2) const {
   const LayerDesc& d = desc;
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -507,8 +536,10 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ga.top_k = ra.top_k;
   ga.experts = ra.experts;
   ga.shared_pieces = pieces;
-  ga.tb_tokens[0] = tb1;
-  ga.tb_tokens[1] = tb2;
+  ga.tb_tokens[0] = c1.token_block();
+  ga.tb_tokens[1] = c2.token_block();
+  ga.tb_tail[0] = gpu::tail_max(c1);
+  ga.tb_tail[1] = gpu::tail_max(c2);
   ga.counts = counts;
   ga.cursors = cursors;
   ga.offsets = offsets;
@@ -613,16 +644,20 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const GemmChoice& c2 = decision.choice[1];
   const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
   const kernels::StreamEpilogue e2 = epilogue(gpu::Gemm::kDown);
-  grid(c1, e1);  // sets both kernels up before anything is launched
+  // Sets every kernel up before anything is launched.
+  grid(c1, e1);
   grid(c2, e2);
+  for (const gpu::TailLaunch& t : decision.tails[0]) grid(t.choice, e1);
+  for (const gpu::TailLaunch& t : decision.tails[1]) grid(t.choice, e2);
 
-  route_and_group(stream, logits, ids_in, T, c1.token_block(), c2.token_block());
+  route_and_group(stream, logits, ids_in, T, c1, c2);
   if (last == ForwardStage::kRouting) return;
   if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
   if (last == ForwardStage::kGather) return;
-  launch(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1, e1, pdl, stream);
+  launch_with_tails(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1,
+                    decision.tails[0], e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
-  launch(gemm_args(gpu::Gemm::kDown, c2, x, false), c2, e2, pdl, stream);
+  launch_with_tails(gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2, pdl, stream);
   if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
@@ -680,10 +715,19 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const LayerGemmPick p1 = m.pick(tokens, gpu::Gemm::kGateUp);
   const LayerGemmPick p2 = m.pick(tokens, gpu::Gemm::kDown);
   const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
-  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}; down GEMM: {} [{}], grid {}; finalize",
+  const auto tails = [&](gpu::Gemm which, const GemmChoice& c) {
+    std::string s;
+    for (const gpu::TailLaunch& t : m.tails(tokens, which, c)) {
+      s += fmt::format("; then each expert's last {}-{} tokens: wgmma n{} s{}", t.lo + 1, t.hi, t.choice.n_tiles,
+                       t.choice.stages);
+    }
+    return s;
+  };
+  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}{}; down GEMM: {} [{}], grid {}{}; finalize",
                      tokens, small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(),
-                     p1.why, m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), p2.choice.to_string(), p2.why,
-                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)));
+                     p1.why, m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)),
+                     tails(gpu::Gemm::kGateUp, p1.choice), p2.choice.to_string(), p2.why,
+                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), tails(gpu::Gemm::kDown, p2.choice));
 }
 
 namespace gpu {
@@ -757,16 +801,16 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
                   GemmPreference{choice, PickSource::kForced, "the tuner"});
   FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
   const Gemm g = which == GemmKind::kGateUp ? Gemm::kGateUp : Gemm::kDown;
-  const int tb = choice.token_block();
+  const std::vector<TailLaunch> tails = m.tails(t.tokens, g, choice);
   const Bf16* x = reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>());
-  m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), tb, tb);
+  m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice);
   // A wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
   // layer's construction and since written only with finite values: its contents do not change
   // the time.
   if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
   const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
-  const auto launch_once = [&] { m.launch(args, choice, epi, false, t.stream); };
+  const auto launch_once = [&] { m.launch_with_tails(args, choice, tails, epi, false, t.stream); };
   for (int i = 0; i < warmup; ++i) launch_once();
   // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
   const double one = t.time(launch_once, 1);

@@ -270,6 +270,64 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   }
 }
 
+// Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
+// chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
+TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 400;
+  d.intermediate = 208;
+  d.experts = 12;
+  d.top_k = 1;
+  const LayerWeights w = random_layer_weights(d, 18);
+  // Tokens per expert: r = count % 128 = 0, 1, 32, 33, 64, 65 and 127 (and one expert with none);
+  // modulo 64: 0, 1, 32, 33, 0, 1, 63.
+  const std::vector<int> counts = {128, 1, 32, 33, 64, 65, 127, 0, 129, 160, 161, 192};
+  std::int64_t T = 0;
+  for (int c : counts) T += c;
+  Routing r;
+  r.tokens = T;
+  r.top_k = 1;
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    for (int i = 0; i < counts[e]; ++i) r.ids.push_back(static_cast<std::int32_t>(e));
+  }
+  // Interleave the experts' tokens (a fixed shuffle), so that slots are not in token order.
+  for (std::size_t i = 0; i < r.ids.size(); ++i) std::swap(r.ids[i], r.ids[(i * 7919) % r.ids.size()]);
+  r.weights.assign(r.ids.size(), 1.0f);
+  const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1800);
+  const ReferenceResult ref = reference_forward_routed(w, x, r);
+  for (const int nt : {16, 8}) {
+    MoeLayerOptions o;
+    o.max_tokens = T;
+    o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
+    SCOPED_TRACE(o.gemm1->to_string());
+    try {
+      const MoeLayer layer(w, o);
+      const std::string plan = layer.plan_summary(T);
+      EXPECT_NE(plan.find("last 1-32 tokens: wgmma n4"), std::string::npos) << plan;
+      DeviceArray<Bf16> dx(x.size()), dout(x.size());
+      DeviceArray<std::int32_t> di(r.ids.size());
+      DeviceArray<float> dw(r.weights.size());
+      dx.upload(x);
+      di.upload(r.ids);
+      dw.upload(r.weights);
+      dout.fill_bytes(0xff);
+      layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto out = dout.download();
+      EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
+      dout.fill_bytes(0xff);
+      layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto again = dout.download();
+      EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+    } catch (const Error& e) {
+      if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
+      throw;
+    }
+  }
+}
+
 TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);

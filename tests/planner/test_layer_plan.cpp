@@ -77,6 +77,43 @@ TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
   EXPECT_EQ(c.warps, 8);
 }
 
+TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
+  const auto& a = arch_by_name("sm_90");
+  const GemmChoice n16{GemmKernel::kWgmma, 2, 16, 8, 8, 1};
+  const auto t16 = gpu::tail_launches(n16, a.smem_per_block_optin);
+  ASSERT_EQ(t16.size(), 2u);
+  // Widest first: last blocks of 33-64 tokens on the 64-token instance, 1-32 on the 32-token one,
+  // each with the deepest ring that fits; the rest of the launch is the main choice's.
+  EXPECT_EQ(t16[0].choice, (GemmChoice{GemmKernel::kWgmma, 2, 8, 8, 8, 1}));
+  EXPECT_EQ(t16[0].lo, 32);
+  EXPECT_EQ(t16[0].hi, 64);
+  EXPECT_EQ(t16[1].choice, (GemmChoice{GemmKernel::kWgmma, 2, 4, 8, 8, 1}));
+  EXPECT_EQ(t16[1].lo, 0);
+  EXPECT_EQ(t16[1].hi, 32);
+  EXPECT_EQ(gpu::tail_max(n16), 64);
+  // Every tail configuration is one the planner accepts where the main one is.
+  for (const auto& t : t16) {
+    EXPECT_NO_THROW(pick_layer_gemm(glm5(), 4096, GemmKind::kGateUp, a,
+                                    nullptr, GemmPreference{t.choice, PickSource::kForced, "test"}));
+  }
+  const GemmChoice n8w16{GemmKernel::kWgmma, 2, 8, 5, 16, 1};
+  const auto t8 = gpu::tail_launches(n8w16, a.smem_per_block_optin);
+  ASSERT_EQ(t8.size(), 1u);
+  EXPECT_EQ(t8[0].choice, (GemmChoice{GemmKernel::kWgmma, 2, 4, 8, 16, 1}));
+  EXPECT_EQ(t8[0].hi, 32);
+  EXPECT_EQ(gpu::tail_max(n8w16), 32);
+  // 32-token blocks and the other kernels have none: every block is the main launch's.
+  EXPECT_TRUE(gpu::tail_launches({GemmKernel::kWgmma, 2, 4, 8, 8, 1}, a.smem_per_block_optin).empty());
+  EXPECT_TRUE(gpu::tail_launches({GemmKernel::kTile, 2, 8, 4, 8, 1}, a.smem_per_block_optin).empty());
+  EXPECT_EQ(gpu::tail_max({GemmKernel::kStream, 4, 4, 3, 8, 1}), 0);
+  // The main launch's blocks per expert (the routing's scan counts these).
+  EXPECT_EQ(kernels::main_token_blocks(142, 128, 64), 1);  // 128 + 14 left to the 32-token tail
+  EXPECT_EQ(kernels::main_token_blocks(200, 128, 64), 2);  // a last block of 72 stays
+  EXPECT_EQ(kernels::main_token_blocks(64, 128, 64), 0);
+  EXPECT_EQ(kernels::main_token_blocks(256, 128, 64), 2);
+  EXPECT_EQ(kernels::main_token_blocks(142, 128, 0), 2);  // no tail launches: ceil
+}
+
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
   const auto& a = arch_by_name("sm_90");
   // 256 registers per thread (more than the 255 a thread may have) for every stream instance of
