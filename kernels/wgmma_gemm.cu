@@ -184,16 +184,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t
 struct WgmmaItem {
   int expert;
   int slot0;    // first slot (row of act) of the token block
-  int m_count;  // tokens of the block that belong to the expert; 0: a tail launch's item of an
-                // expert whose last block is not this launch's (nothing to do)
+  int m_count;  // tokens of the block that belong to the expert; 0 (tail launches only): an expert
+                // whose last block is not this launch's, nothing to do
   int group0;   // first 64-row group
 };
 
 // The items a CTA visits, in order (blockIdx.x, + gridDim.x, ...): the producer and the consumers
-// each walk the same sequence. A main launch: the tb_prefix blocks of every active expert; a tail
-// launch (p.tail_of > 0): one item per active expert and row block, empty unless the expert's
-// last r = count % tail_of tokens lie in (tail_lo, tail_hi].
-template <int NT>
+// each walk the same sequence. A main launch: the tb_prefix blocks of every active expert. A tail
+// launch (TAIL, p.tail_of > 0): one item per active expert and row block, empty unless the
+// expert's last r = count % tail_of tokens lie in (tail_lo, tail_hi].
+template <int NT, bool TAIL>
 struct WgmmaItems {
   const StreamGemmArgs& p;
   int n_active;
@@ -201,29 +201,39 @@ struct WgmmaItems {
   int cursor = 0;
 
   __device__ static std::int64_t count(const StreamGemmArgs& p, int n_active) {
-    const int blocks = p.tail_of > 0 ? n_active : p.tb_prefix[n_active];
-    return static_cast<std::int64_t>(blocks) * p.row_blocks;
+    return static_cast<std::int64_t>(TAIL ? n_active : p.tb_prefix[n_active]) * p.row_blocks;
   }
 
   __device__ WgmmaItem at(std::int64_t item) {
     constexpr int kTokens = NT * 8;
     const int pb = static_cast<int>(item / p.row_blocks);
     const int rb = static_cast<int>(item % p.row_blocks);
-    if (p.tail_of > 0) {
+    if constexpr (TAIL) {
       const int expert = p.active[pb];
       const int end = p.offsets[expert + 1];
       const int r = (end - p.offsets[expert]) % p.tail_of;
       const bool mine = r > p.tail_lo && r <= p.tail_hi;
       return {expert, end - r, mine ? r : 0, rb * WgmmaGemmLayout::kGroups};
+    } else {
+      while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+      const int expert = p.active[cursor];
+      const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
+      return {expert, slot0, min(kTokens, p.offsets[expert + 1] - slot0), rb * WgmmaGemmLayout::kGroups};
     }
-    while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
-    const int expert = p.active[cursor];
-    const int slot0 = p.offsets[expert] + (pb - p.tb_prefix[cursor]) * kTokens;
-    return {expert, slot0, min(kTokens, p.offsets[expert + 1] - slot0), rb * WgmmaGemmLayout::kGroups};
+  }
+  // Tail launches read the item count after setmaxnreg: ptxas spills what lives across it in their
+  // producer (40 registers).
+  __device__ void reload() {
+    if constexpr (TAIL) n_active = *p.n_active;
   }
 };
 
-template <int NT, int CW, StreamEpilogue EPI>
+// TAIL: a tail launch (StreamGemmArgs::tail_of). It reads what the launch before it read
+// (complete: that launch started only after its own wait) and writes other rows, so it does not
+// wait at its start, and overlaps that launch's last items; it waits for it before exiting
+// instead, so that a kernel after it sees both complete. Its own instance, so that the main
+// launches run none of this (a runtime switch made them 8-16% slower, cause not found).
+template <int NT, int CW, StreamEpilogue EPI, bool TAIL>
 __global__ void __launch_bounds__((4 + CW) * 32, 1)
     fp4moe_wgmma_gemm(const StreamGemmArgs p, const __grid_constant__ CUtensorMap act_map, const int stages) {
 #if FP4MOE_WGMMA
@@ -232,8 +242,10 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   constexpr WgmmaGemmConfig kShape{NT, 2, CW};
   constexpr int kMB = 16 / CW;  // m64 blocks per consumer warpgroup: 2 (8 warps) or 1 (16 warps)
   static_assert(CW == 8 || CW == 16);
-  constexpr int kProducerRegs = WgmmaGemmLayout::kProducerRegs;
-  constexpr int kConsumerRegs = WgmmaGemmLayout::consumer_regs(kShape);
+  // A tail instance's producer walks its items in 48 registers (40 spill); its consumers (32 or 64
+  // tokens) need far fewer than the 224 that leaves them (WgmmaGemmLayout::register_demand).
+  constexpr int kProducerRegs = TAIL ? WgmmaGemmLayout::kTailProducerRegs : WgmmaGemmLayout::kProducerRegs;
+  constexpr int kConsumerRegs = WgmmaGemmLayout::consumer_regs(kShape) - (TAIL && CW == 8 ? 8 : 0);
   constexpr int kActOff = WgmmaGemmLayout::act_offset(kShape);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -254,35 +266,30 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   }
   __syncthreads();  // the last CTA-wide barrier: the warpgroups part here
 
-  // A tail launch reads what the launch before it read (complete: that launch started only after
-  // its own wait) and writes other rows, so it overlaps that launch's last items; it waits for it
-  // at its exit instead (`finish`), so that a kernel after the tail sees both complete.
-  const bool tail = p.tail_of > 0;
-  if (!tail) pdl_wait();
+  if constexpr (!TAIL) pdl_wait();
   pdl_launch_dependents();
-  auto finish = [&]() {
-    if (tail) pdl_wait();
-  };
 
+  const int n_active = *p.n_active;
   const int expert_groups = (p.rows + WeightLayout::kGroupRows - 1) / WeightLayout::kGroupRows;
+  const std::int64_t total_items = WgmmaItems<NT, TAIL>::count(p, n_active);
   const int n_chunks = p.n_chunks;
+  WgmmaItems<NT, TAIL> items{p, n_active, total_items};
 
   if (warp < 4) {
     // Producer warpgroup: one thread issues every copy; the others have nothing to do.
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) {
-      finish();
+      if constexpr (TAIL) pdl_wait();
       return;
     }
-    // (Read after setmaxnreg: values live across it are spilled.)
-    const int n_active = *p.n_active;
-    const std::int64_t total_items = WgmmaItems<NT>::count(p, n_active);
-    WgmmaItems<NT> items{p, n_active, total_items};
+    items.reload();
     int slot = 0;
     std::uint32_t phase = 0;
-    for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
+    for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items); item += gridDim.x) {
       const WgmmaItem it = items.at(item);
-      if (it.m_count == 0) continue;
+      if constexpr (TAIL) {
+        if (it.m_count == 0) continue;
+      }
       const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
       const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
                                  static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
@@ -304,14 +311,11 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
         }
       }
     }
-    finish();
+    if constexpr (TAIL) pdl_wait();
     return;
   }
 
   setmaxnreg_inc<kConsumerRegs>();
-  const int n_active = *p.n_active;
-  const std::int64_t total_items = WgmmaItems<NT>::count(p, n_active);
-  WgmmaItems<NT> items{p, n_active, total_items};
   const int cw = warp - 4;  // consumer warp 0 .. CW-1
   const int wg = cw >> 2;   // consumer warpgroup: m64 blocks kMB wg ..
   const int wi = cw & 3;    // warp within the warpgroup
@@ -373,9 +377,12 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   // then ordered before the producer's next TMA write there (racecheck checks exactly this).
   auto release = [&](int s) { mbar_arrive(empty_bar(s)); };
 
-  for (std::int64_t item = blockIdx.x; item < total_items; item += gridDim.x) {
+  items.reload();
+  for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items); item += gridDim.x) {
     const WgmmaItem it = items.at(item);
-    if (it.m_count == 0) continue;
+    if constexpr (TAIL) {
+      if (it.m_count == 0) continue;
+    }
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
 #pragma unroll
@@ -425,7 +432,7 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
       }
     }
   }
-  finish();
+  if constexpr (TAIL) pdl_wait();
 #endif
 }
 
@@ -433,35 +440,39 @@ namespace {
 
 using WgmmaKernelFn = void (*)(const StreamGemmArgs, const CUtensorMap, const int);
 
-template <int NT, int CW>
+template <int NT, int CW, bool TAIL>
 WgmmaKernelFn wgmma_pick_epilogue(StreamEpilogue epi) {
   switch (epi) {
     case StreamEpilogue::kSwiGLU:
-      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLU>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLU, TAIL>;
     case StreamEpilogue::kSwiGLUClamped:
-      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLUClamped>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kSwiGLUClamped, TAIL>;
     case StreamEpilogue::kStoreBf16:
-      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kStoreBf16>;
+      return fp4moe_wgmma_gemm<NT, CW, StreamEpilogue::kStoreBf16, TAIL>;
   }
   return nullptr;
 }
 
-// Exactly the instances of kWgmmaShapes.
+// Exactly the instances of kWgmmaShapes; tail instances (tail launches) of the shapes that can be
+// a tail (wgmma_tail: 32 and 64 tokens).
 template <std::size_t I = 0>
-WgmmaKernelFn wgmma_kernel_at(const WgmmaGemmConfig& c, StreamEpilogue epi) {
+WgmmaKernelFn wgmma_kernel_at(const WgmmaGemmConfig& c, StreamEpilogue epi, bool tail) {
   if constexpr (I == sizeof(kWgmmaShapes) / sizeof(kWgmmaShapes[0])) {
     return nullptr;
   } else {
     constexpr WgmmaShape s = kWgmmaShapes[I];
     if (c.n_tiles == s.n_tiles && c.consumer_warps == s.consumer_warps) {
-      return wgmma_pick_epilogue<s.n_tiles, s.consumer_warps>(epi);
+      if constexpr (s.n_tiles < 16) {
+        if (tail) return wgmma_pick_epilogue<s.n_tiles, s.consumer_warps, true>(epi);
+      }
+      return tail ? nullptr : wgmma_pick_epilogue<s.n_tiles, s.consumer_warps, false>(epi);
     }
-    return wgmma_kernel_at<I + 1>(c, epi);
+    return wgmma_kernel_at<I + 1>(c, epi, tail);
   }
 }
 
-WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi) {
-  return wgmma_kernel_at(c, epi);
+WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi, bool tail = false) {
+  return wgmma_kernel_at(c, epi, tail);
 }
 
 // k-permuted gather: out[s][permuted_k(k)] = x[slot_token[s]][k], rows padded to k_padded with
@@ -493,7 +504,7 @@ bool wgmma_supported() {
   cudaFuncAttributes fa{};
   // The kernel has a body only in the sm_90a image; elsewhere it is compiled empty.
   return major == 9 && minor == 0 &&
-         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreBf16>) == cudaSuccess &&
+         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreBf16, false>) == cudaSuccess &&
          fa.numRegs > 16;
 }
 
@@ -506,6 +517,16 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
   const cudaError_t err = setup_kernel(fn, WgmmaGemmLayout::threads(config),
                                        static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), &a);
   if (err != cudaSuccess) return err;
+  // The same shape's tail instance, where there is one (it may run as a tail launch).
+  if (const WgmmaKernelFn tail_fn = wgmma_kernel_for(config, epilogue, true); tail_fn != nullptr) {
+    KernelAttributes t{};
+    const cudaError_t terr = setup_kernel(tail_fn, WgmmaGemmLayout::threads(config),
+                                          static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), &t);
+    if (terr != cudaSuccess) return terr;
+    a.registers = std::max(a.registers, t.registers);
+    a.local_bytes = std::max(a.local_bytes, t.local_bytes);
+    a.max_blocks_per_sm = std::min(a.max_blocks_per_sm, t.max_blocks_per_sm);
+  }
   // setmaxnreg redistributes the CTA's own registers: a launch count below what the warpgroups
   // ask for would hang the consumers' setmaxnreg.inc, so refuse the config instead.
   if (static_cast<std::int64_t>(a.registers) * WgmmaGemmLayout::threads(config) <
@@ -558,7 +579,7 @@ cudaError_t encode_act_map(const StreamGemmArgs& a, int tokens, CUtensorMap* map
 
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
-  const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue);
+  const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue, args.tail_of > 0);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   CUtensorMap map;
   const cudaError_t err = encode_act_map(args, WgmmaGemmLayout::tokens(config), &map);

@@ -45,7 +45,7 @@ struct WgmmaShape {
   int n_tiles;
   int consumer_warps;
 };
-// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 224 registers). 16: four
+// 8 consumer warps: two warpgroups of 128 rows (two m64 blocks each, 232 registers). 16: four
 // warpgroups of 64 rows (104 registers each; n16 would spill, so 32 and 64 tokens only), twice
 // the warps to hide the decode's latency at the cost of more per-chunk overhead per row.
 inline constexpr WgmmaShape kWgmmaShapes[] = {{4, 8}, {8, 8}, {16, 8}, {4, 16}, {8, 16}};
@@ -78,11 +78,13 @@ struct WgmmaGemmLayout {
   // Registers per thread after setmaxnreg. NOTE: the pool is the CTA's own allocation (threads x
   // the count the kernel was compiled to), not the SM's register file: setmaxnreg.inc waits
   // forever for registers the producer did not give back. 8 consumer warps, compiled to 168:
-  // 128 x 48 + 256 x 224 = 63488 <= 384 x 168; 16 consumer warps, compiled to 96:
-  // 128 x 48 + 512 x 104 = 59392 <= 640 x 96. (The producer's 48: with 40, ptxas spilled its item
-  // walk once tail launches were added; the consumers need no more than 224.)
-  static constexpr int kProducerRegs = 48;
-  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 224 : 104; }
+  // 128 x 40 + 256 x 232 = 64512 = 384 x 168; 16 consumer warps, compiled to 96:
+  // 128 x 40 + 512 x 104 = 58368 <= 640 x 96.
+  static constexpr int kProducerRegs = 40;
+  // A tail instance's (wgmma_tail) producer: 48, and 8 fewer for 8 consumer warps (224): within
+  // register_demand, and no spill of its item walk.
+  static constexpr int kTailProducerRegs = 48;
+  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 232 : 104; }
   static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c) {
     return static_cast<std::int64_t>(kProducerWarps) * 32 * kProducerRegs +
            static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c);
