@@ -46,6 +46,20 @@ GpuRun run_gpu(const MoeLayer& layer, const std::vector<Bf16>& x, const std::vec
   return {dout.download(), di.download(), dw.download()};
 }
 
+// forward_routed with the caller's routing, out poisoned first.
+std::vector<Bf16> run_gpu_routed(const MoeLayer& layer, const std::vector<Bf16>& x, const Routing& r) {
+  DeviceArray<Bf16> dx(x.size()), dout(x.size());
+  DeviceArray<std::int32_t> di(r.ids.size());
+  DeviceArray<float> dw(r.weights.size());
+  dx.upload(x);
+  di.upload(r.ids);
+  dw.upload(r.weights);
+  dout.fill_bytes(0xff);
+  layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), r.tokens);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return dout.download();
+}
+
 // Random logits; `hot` >= 0 makes that expert the first pick of every token.
 std::vector<float> make_logits(const LayerDesc& d, std::int64_t tokens, std::uint64_t seed, int hot = -1) {
   auto logits = test::random_f32(static_cast<std::size_t>(tokens * d.experts), seed, 2.0f);
@@ -305,21 +319,9 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
       const MoeLayer layer(w, o);
       const std::string plan = layer.plan_summary(T);
       EXPECT_NE(plan.find("last 1-32 tokens: wgmma n4"), std::string::npos) << plan;
-      DeviceArray<Bf16> dx(x.size()), dout(x.size());
-      DeviceArray<std::int32_t> di(r.ids.size());
-      DeviceArray<float> dw(r.weights.size());
-      dx.upload(x);
-      di.upload(r.ids);
-      dw.upload(r.weights);
-      dout.fill_bytes(0xff);
-      layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto out = dout.download();
+      const auto out = run_gpu_routed(layer, x, r);
       EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
-      dout.fill_bytes(0xff);
-      layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto again = dout.download();
+      const auto again = run_gpu_routed(layer, x, r);
       EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
     } catch (const Error& e) {
       if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
@@ -374,16 +376,7 @@ TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {
   dropped.weights[5] = 0.0f;
   dropped.weights[9] = 0.0f;
   const ReferenceResult ref = reference_forward_routed(w, x, dropped);
-  DeviceArray<Bf16> dx(x.size()), dout(x.size());
-  DeviceArray<std::int32_t> di(r.ids.size());
-  DeviceArray<float> dw(r.weights.size());
-  dx.upload(x);
-  di.upload(r.ids);
-  dw.upload(r.weights);
-  dout.fill_bytes(0xff);
-  layer.forward_routed(nullptr, dx.get(), di.get(), dw.get(), dout.get(), T);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_LE(test::relative_l2(dout.download(), ref.out), kTolerance);
+  EXPECT_LE(test::relative_l2(run_gpu_routed(layer, x, r), ref.out), kTolerance);
 }
 
 TEST(GpuMoeLayer, ForwardCapturesIntoACudaGraph) {
