@@ -47,9 +47,9 @@ struct GroupArgs {
   const std::int32_t* topk_ids = nullptr;  // [T, k]
   int tokens = 0;
   int top_k = 0;
-  int experts = 0;                                  // routed experts E
-  int shared_pieces = 0;                            // P
-  int tb_tokens[2] = {8, 8};                        // token-block size of each GEMM (8 * n_tiles)
+  int experts = 0;            // routed experts E
+  int shared_pieces = 0;      // P
+  int tb_tokens[2] = {8, 8};  // token-block size of each GEMM (8 * n_tiles)
   // Per GEMM: an expert's last block counts in tb_prefix only when it holds more than this many
   // tokens; a shorter one is left to the narrower tail launches (StreamGemmArgs::tail_of). 0: every
   // block counts (no tail launches).

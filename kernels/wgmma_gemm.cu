@@ -285,7 +285,8 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     items.reload();
     int slot = 0;
     std::uint32_t phase = 0;
-    for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items); item += gridDim.x) {
+    for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
+         item += gridDim.x) {
       const WgmmaItem it = items.at(item);
       if constexpr (TAIL) {
         if (it.m_count == 0) continue;
@@ -378,7 +379,8 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   auto release = [&](int s) { mbar_arrive(empty_bar(s)); };
 
   items.reload();
-  for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items); item += gridDim.x) {
+  for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
+       item += gridDim.x) {
     const WgmmaItem it = items.at(item);
     if constexpr (TAIL) {
       if (it.m_count == 0) continue;
@@ -504,7 +506,8 @@ bool wgmma_supported() {
   cudaFuncAttributes fa{};
   // The kernel has a body only in the sm_90a image; elsewhere it is compiled empty.
   return major == 9 && minor == 0 &&
-         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreBf16, false>) == cudaSuccess &&
+         cudaFuncGetAttributes(&fa, fp4moe_wgmma_gemm<16, 8, StreamEpilogue::kStoreBf16, false>) ==
+             cudaSuccess &&
          fa.numRegs > 16;
 }
 

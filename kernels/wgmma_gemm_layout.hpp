@@ -116,10 +116,12 @@ constexpr int main_token_blocks(int count, int block, int tail_max) {
 // A 128-token main block leaves r in (32, 64] to a 64-token instance and r <= 32 to a 32-token
 // one; a 64-token block leaves r <= 32 to the 32-token one. The narrowest instance has none.
 struct WgmmaTail {
-  int n_tiles;   // the tail instance's 8-token tiles
-  int lo, hi;    // it takes r in (lo, hi]
+  int n_tiles;  // the tail instance's 8-token tiles
+  int lo, hi;   // it takes r in (lo, hi]
 };
-constexpr int wgmma_tail_count(int n_tiles) { return n_tiles == 16 ? 2 : (n_tiles == 8 ? 1 : 0); }
+constexpr int wgmma_tail_count(int n_tiles) {
+  return n_tiles == 16 ? 2 : (n_tiles == 8 ? 1 : 0);
+}
 constexpr WgmmaTail wgmma_tail(int n_tiles, int i) {
   // i = 0: the widest tail instance, half the main block.
   const int half = n_tiles / 2;
@@ -128,7 +130,9 @@ constexpr WgmmaTail wgmma_tail(int n_tiles, int i) {
   return {nt, last ? 0 : 4 * nt, 8 * nt};
 }
 // The largest last block a main launch of n_tiles leaves to its tail launches.
-constexpr int wgmma_tail_max(int n_tiles) { return wgmma_tail_count(n_tiles) > 0 ? 4 * n_tiles : 0; }
+constexpr int wgmma_tail_max(int n_tiles) {
+  return wgmma_tail_count(n_tiles) > 0 ? 4 * n_tiles : 0;
+}
 
 static_assert(wgmma_tail_max(16) == 64 && wgmma_tail_max(8) == 32 && wgmma_tail_max(4) == 0);
 static_assert(wgmma_tail(16, 0).n_tiles == 8 && wgmma_tail(16, 0).lo == 32 && wgmma_tail(16, 0).hi == 64);

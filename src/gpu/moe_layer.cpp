@@ -718,8 +718,8 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const auto tails = [&](gpu::Gemm which, const GemmChoice& c) {
     std::string s;
     for (const gpu::TailLaunch& t : m.tails(tokens, which, c)) {
-      s += fmt::format("; then each expert's last {}-{} tokens: wgmma n{} s{}", t.lo + 1, t.hi, t.choice.n_tiles,
-                       t.choice.stages);
+      s += fmt::format("; then each expert's last {}-{} tokens: wgmma n{} s{}", t.lo + 1, t.hi,
+                       t.choice.n_tiles, t.choice.stages);
     }
     return s;
   };

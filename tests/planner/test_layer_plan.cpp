@@ -93,8 +93,8 @@ TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
   EXPECT_EQ(gpu::tail_max(n16), 64);
   // Every tail configuration is one the planner accepts where the main one is.
   for (const auto& t : t16) {
-    EXPECT_NO_THROW(pick_layer_gemm(glm5(), 4096, GemmKind::kGateUp, a,
-                                    nullptr, GemmPreference{t.choice, PickSource::kForced, "test"}));
+    EXPECT_NO_THROW(pick_layer_gemm(glm5(), 4096, GemmKind::kGateUp, a, nullptr,
+                                    GemmPreference{t.choice, PickSource::kForced, "test"}));
   }
   const GemmChoice n8w16{GemmKernel::kWgmma, 2, 8, 5, 16, 1};
   const auto t8 = gpu::tail_launches(n8w16, a.smem_per_block_optin);
