@@ -75,6 +75,20 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   return c;
 }
 
+namespace {
+
+// The wgmma kernel's TMA producer runs ahead across items: as deep a ring as fits (8 stages at
+// most, 3 at least).
+int deepest_wgmma_ring(GemmChoice c, std::int64_t smem_per_block_optin) {
+  c.stages = 8;
+  while (c.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > smem_per_block_optin) {
+    --c.stages;
+  }
+  return c.stages;
+}
+
+}  // namespace
+
 GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits) {
   const double active = expected_active_experts(desc, tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
@@ -89,12 +103,8 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
     // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert).
     c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
-    c.warps = 8;   // consumer warps
-    c.stages = 8;  // the TMA producer runs ahead across items: as deep a ring as fits
-    while (c.stages > 3 &&
-           kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(c)) > limits.smem_per_block_optin) {
-      --c.stages;
-    }
+    c.warps = 8;  // consumer warps
+    c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;
   }
   if (per_expert <= 24.0) {
@@ -131,10 +141,7 @@ std::vector<TailLaunch> tail_launches(const GemmChoice& c, std::int64_t smem_per
     const kernels::WgmmaTail t = kernels::wgmma_tail(c.n_tiles, i);
     GemmChoice tc = c;
     tc.n_tiles = t.n_tiles;
-    tc.stages = 8;
-    while (tc.stages > 3 && kernels::WgmmaGemmLayout::cta_bytes(wgmma_config(tc)) > smem_per_block_optin) {
-      --tc.stages;
-    }
+    tc.stages = deepest_wgmma_ring(tc, smem_per_block_optin);
     tails.push_back({tc, t.lo, t.hi});
   }
   return tails;
