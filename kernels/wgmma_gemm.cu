@@ -242,10 +242,8 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   constexpr WgmmaGemmConfig kShape{NT, 2, CW};
   constexpr int kMB = 16 / CW;  // m64 blocks per consumer warpgroup: 2 (8 warps) or 1 (16 warps)
   static_assert(CW == 8 || CW == 16);
-  // A tail instance's producer walks its items in 48 registers (40 spill); its consumers (32 or 64
-  // tokens) need far fewer than the 224 that leaves them (WgmmaGemmLayout::register_demand).
-  constexpr int kProducerRegs = TAIL ? WgmmaGemmLayout::kTailProducerRegs : WgmmaGemmLayout::kProducerRegs;
-  constexpr int kConsumerRegs = WgmmaGemmLayout::consumer_regs(kShape) - (TAIL && CW == 8 ? 8 : 0);
+  constexpr int kProducerRegs = WgmmaGemmLayout::producer_regs(TAIL);
+  constexpr int kConsumerRegs = WgmmaGemmLayout::consumer_regs(kShape, TAIL);
   constexpr int kActOff = WgmmaGemmLayout::act_offset(kShape);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -526,6 +524,10 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
     const cudaError_t terr = setup_kernel(tail_fn, WgmmaGemmLayout::threads(config),
                                           static_cast<int>(WgmmaGemmLayout::cta_bytes(config)), &t);
     if (terr != cudaSuccess) return terr;
+    if (static_cast<std::int64_t>(t.registers) * WgmmaGemmLayout::threads(config) <
+        WgmmaGemmLayout::register_demand(config, true)) {
+      return cudaErrorInvalidConfiguration;
+    }
     a.registers = std::max(a.registers, t.registers);
     a.local_bytes = std::max(a.local_bytes, t.local_bytes);
     a.max_blocks_per_sm = std::min(a.max_blocks_per_sm, t.max_blocks_per_sm);

@@ -80,14 +80,15 @@ struct WgmmaGemmLayout {
   // forever for registers the producer did not give back. 8 consumer warps, compiled to 168:
   // 128 x 40 + 256 x 232 = 64512 = 384 x 168; 16 consumer warps, compiled to 96:
   // 128 x 40 + 512 x 104 = 58368 <= 640 x 96.
-  static constexpr int kProducerRegs = 40;
-  // A tail instance's (wgmma_tail) producer: 48, and 8 fewer for 8 consumer warps (224): within
-  // register_demand, and no spill of its item walk.
-  static constexpr int kTailProducerRegs = 48;
-  static constexpr int consumer_regs(const WgmmaGemmConfig& c) { return c.consumer_warps == 8 ? 232 : 104; }
-  static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c) {
-    return static_cast<std::int64_t>(kProducerWarps) * 32 * kProducerRegs +
-           static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c);
+  // A tail instance (wgmma_tail) gives its producer 48 (with 40 ptxas spilled its item walk) and
+  // its consumers 8 fewer where they have 232 (its 32 or 64 tokens need far fewer).
+  static constexpr int producer_regs(bool tail) { return tail ? 48 : 40; }
+  static constexpr int consumer_regs(const WgmmaGemmConfig& c, bool tail = false) {
+    return c.consumer_warps == 8 ? (tail ? 224 : 232) : 104;
+  }
+  static constexpr std::int64_t register_demand(const WgmmaGemmConfig& c, bool tail = false) {
+    return static_cast<std::int64_t>(kProducerWarps) * 32 * producer_regs(tail) +
+           static_cast<std::int64_t>(c.consumer_warps) * 32 * consumer_regs(c, tail);
   }
   // Arrivals that free a stage: every consumer thread, since an arrive releases only the
   // arriving thread's own reads of the stage (PTX memory model).
