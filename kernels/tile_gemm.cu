@@ -168,13 +168,14 @@ __global__ void __launch_bounds__(256, 1) fp4moe_tile_gemm(const StreamGemmArgs 
     // Epilogue: lane holds rows g, g+8 of each tile for tokens 8j + 2t + {0, 1}.
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
-      const int tile = group0 * 4 + warp * MT + i;  // tile index within the expert
+      // tile index within the expert; its scales, biases and columns read before its stores
+      const TileOut o = tile_out<EPI>(p, expert, group0 * 4 + warp * MT + i, g);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int n = 8 * j + 2 * t + q;
-          if (n < m_count) store_token<EPI>(p, expert, tile, g, slot0 + n, acc[i][j][q], acc[i][j][2 + q]);
+          if (n < m_count) store_token<EPI>(p, o, out_row_ptr(p, slot0 + n), acc[i][j][q], acc[i][j][2 + q]);
         }
       }
     }

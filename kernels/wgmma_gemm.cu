@@ -416,18 +416,23 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
 #pragma unroll
     for (int i = 0; i < kMB; ++i) keep_in_registers(acc[i]);
 
-      // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
-      // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
+    // Epilogue: per m64 block i, this warp holds rows 16 wi + {g, g+8}; per 8-token block j,
+    // acc[i][4j + q] is (row g, token 8j + 2t + q) for q < 2 and (row g + 8, ...) for q >= 2.
+    // What the rows need (scales, biases, columns) is read before the first store.
+    TileOut o[kMB];
 #pragma unroll
-    for (int i = 0; i < kMB; ++i) {
-      const int tile = it.group0 * 4 + wg * (4 * kMB) + 4 * i + wi;  // 16-row tile within the expert
+    for (int i = 0; i < kMB; ++i)
+      o[i] = tile_out<EPI>(p, it.expert, it.group0 * 4 + wg * (4 * kMB) + 4 * i + wi, g);
+    std::uint16_t* const row0 = out_row_ptr(p, it.slot0 + 2 * t);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
+    for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int n = 8 * j + 2 * t + q;
-          if (n < it.m_count)
-            store_token<EPI>(p, it.expert, tile, g, it.slot0 + n, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
+      for (int q = 0; q < 2; ++q) {
+        if (8 * j + 2 * t + q < it.m_count) {
+          std::uint16_t* const row = row0 + (8 * j + q) * p.out_ld;
+#pragma unroll
+          for (int i = 0; i < kMB; ++i)
+            store_token<EPI>(p, o[i], row, acc[i][4 * j + q], acc[i][4 * j + 2 + q]);
         }
       }
     }
