@@ -424,11 +424,40 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     for (int i = 0; i < kMB; ++i)
       o[i] = tile_out<EPI>(p, it.expert, it.group0 * 4 + wg * (4 * kMB) + 4 * i + wi, g);
     std::uint16_t* const row0 = out_row_ptr(p, it.slot0 + 2 * t);
+    // When every row of the item lies in the matrix (all but the last row block where the rows
+    // are not a multiple of 256), a token's columns are o[0]'s plus fixed distances: GEMM2 rows
+    // + 8 (h) and + 64 (i); GEMM1 intermediate index + 32 (i), which permuted_k maps to + 4 (the
+    // item's first index is a multiple of 64, so i = 1 stays in the same 64-chunk). A token's
+    // stores then share one address, with immediate offsets for GEMM2.
+    if ((it.group0 + WgmmaGemmLayout::kGroups) * WeightLayout::kGroupRows <= p.rows) {
+      std::uint16_t* const base = row0 + o[0].col[0];
+      const int dcol = kMB > 1 ? o[kMB - 1].col[0] - o[0].col[0] : 0;  // GEMM1, i = 1
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
+      for (int j = 0; j < NT; ++j) {
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        if (8 * j + 2 * t + q < it.m_count) {
+        for (int q = 0; q < 2; ++q) {
+          if (8 * j + 2 * t + q >= it.m_count) continue;
+          std::uint16_t* const row = base + (8 * j + q) * p.out_ld;
+#pragma unroll
+          for (int i = 0; i < kMB; ++i) {
+            const float v_g = acc[i][4 * j + q] * o[i].scale[0] + o[i].bias[0];
+            const float v_g8 = acc[i][4 * j + 2 + q] * o[i].scale[1] + o[i].bias[1];
+            if constexpr (EPI == StreamEpilogue::kStoreBf16) {
+              row[64 * i] = f32_to_bf16_bits(v_g);
+              row[64 * i + 8] = f32_to_bf16_bits(v_g8);
+            } else {
+              row[i * dcol] =
+                  f32_to_bf16_bits(gemm_activation(EPI, v_g, v_g8, p.swiglu_alpha, p.swiglu_limit));
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          if (8 * j + 2 * t + q >= it.m_count) continue;
           std::uint16_t* const row = row0 + (8 * j + q) * p.out_ld;
 #pragma unroll
           for (int i = 0; i < kMB; ++i)

@@ -284,6 +284,36 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   }
 }
 
+// The wgmma epilogue with biases and gpt-oss's clamped SwiGLU (MXFP4), on items whose rows all
+// lie in the matrix (its fast path) and on the partial last row block (400 and 2 x 208 rows).
+TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d;
+  d.hidden = 400;
+  d.intermediate = 208;
+  d.experts = 4;
+  d.top_k = 2;
+  d.router = RouterKind::kTopKSoftmax;
+  d.activation = Activation::kSwiGLUClamped;
+  d.format = WeightFormat::kMxfp4;
+  d.expert_bias = true;
+  const LayerWeights w = random_layer_weights(d, 17);
+  for (const int nt : {16, 8, 4}) {
+    MoeLayerOptions o;
+    o.max_tokens = 512;
+    o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
+    SCOPED_TRACE(o.gemm1->to_string());
+    try {
+      const MoeLayer layer(w, o);
+      for (std::int64_t t : {5, 300})
+        expect_matches_reference(w, layer, t, 1700 + static_cast<std::uint64_t>(t));
+    } catch (const Error& e) {
+      if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
+      throw;
+    }
+  }
+}
+
 // Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
 // chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
 TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
