@@ -285,12 +285,12 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
 }
 
 // The wgmma epilogue with biases and gpt-oss's clamped SwiGLU (MXFP4), on items whose rows all
-// lie in the matrix (its fast path) and on the partial last row block (400 and 2 x 208 rows).
+// lie in the matrix (its fast path) and on the partial last row block (416 and 2 x 224 rows).
 TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d;
-  d.hidden = 400;
-  d.intermediate = 208;
+  d.hidden = 416;  // MXFP4: multiples of 32; 6.5 chunks of 64
+  d.intermediate = 224;
   d.experts = 4;
   d.top_k = 2;
   d.router = RouterKind::kTopKSoftmax;
