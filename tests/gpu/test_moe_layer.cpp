@@ -132,17 +132,23 @@ TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
   expect_matches_reference(w, layer, 5, 300);
 }
 
-TEST(GpuMoeLayer, GptOssStyleMxfp4ClampedSwigluWithBiases) {
-  FP4MOE_SKIP_WITHOUT_GPU();
+// gpt-oss's kind of layer: MXFP4, top-k then softmax over 2 picks, clamped SwiGLU, biases.
+LayerDesc gpt_oss_style_desc(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts) {
   LayerDesc d;
-  d.hidden = 256;
-  d.intermediate = 192;
-  d.experts = 8;
+  d.hidden = hidden;
+  d.intermediate = intermediate;
+  d.experts = experts;
   d.top_k = 2;
   d.router = RouterKind::kTopKSoftmax;
   d.activation = Activation::kSwiGLUClamped;
   d.format = WeightFormat::kMxfp4;
   d.expert_bias = true;
+  return d;
+}
+
+TEST(GpuMoeLayer, GptOssStyleMxfp4ClampedSwigluWithBiases) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = gpt_oss_style_desc(256, 192, 8);
   const LayerWeights w = random_layer_weights(d, 4);
   const MoeLayer layer(w);
   for (std::int64_t t : {1, 7, 64})
@@ -288,15 +294,7 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
 // lie in the matrix (its fast path) and on the partial last row block (416 and 2 x 224 rows).
 TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
   FP4MOE_SKIP_WITHOUT_GPU();
-  LayerDesc d;
-  d.hidden = 416;  // MXFP4: multiples of 32; 6.5 chunks of 64
-  d.intermediate = 224;
-  d.experts = 4;
-  d.top_k = 2;
-  d.router = RouterKind::kTopKSoftmax;
-  d.activation = Activation::kSwiGLUClamped;
-  d.format = WeightFormat::kMxfp4;
-  d.expert_bias = true;
+  const LayerDesc d = gpt_oss_style_desc(416, 224, 4);  // MXFP4: multiples of 32; 6.5 chunks of 64
   const LayerWeights w = random_layer_weights(d, 17);
   for (const int nt : {16, 8, 4}) {
     MoeLayerOptions o;
