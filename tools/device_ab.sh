@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A/B of two builds on one GPU machine, the protocol docs/PERF.md's comparisons use: the two
+# `fp4moe` binaries' benchmarks alternate (base, new, base, new, ...) so that both see the same
+# machine, clocks and neighbours, and a table puts every run's medians side by side with the
+# ratio of the medians of runs. Optionally `fp4moe tune --max-configs 1` per build: the
+# dispatcher's GEMM configurations timed alone.
+#
+# Usage: tools/device_ab.sh BASE_BIN NEW_BIN
+# Environment: FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
+# "--no-baseline --iterations 30"), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
+# OUT (default ./device-out). Writes ab.txt (the summary), ab-{base,new}-N.json and, when tuning,
+# tune-{base,new}.txt; keep $OUT to 8 files (the device tool brings back at most 8).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 2 ] || { echo "usage: $0 BASE_BIN NEW_BIN" >&2; exit 2; }
+base=$1
+new=$2
+for b in "$base" "$new"; do [ -x "$b" ] || { echo "$0: $b is not an executable" >&2; exit 2; }; done
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+runs=${FP4MOE_AB_RUNS:-2}
+read -r -a args <<< "${FP4MOE_AB_BENCH_ARGS:---no-baseline --iterations 30}"
+status=0
+for ((r = 1; r <= runs; ++r)); do
+  for side in base new; do
+    bin=$base
+    [ "$side" = new ] && bin=$new
+    echo "== $side run $r: $bin bench ${args[*]}"
+    "$bin" bench "${args[@]}" --json "$OUT/ab-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
+      echo "BENCH FAILED ($side run $r)"; tail -5 "/tmp/ab-$side-$r.err"; status=1; }
+  done
+done
+python3 tools/ab_summary.py "$OUT"/ab-base-*.json -- "$OUT"/ab-new-*.json | tee "$OUT/ab.txt" || status=1
+if [ -n "${FP4MOE_AB_TUNE_TOKENS:-}" ]; then
+  for side in base new; do
+    bin=$base
+    [ "$side" = new ] && bin=$new
+    FP4MOE_TUNE_CACHE=/tmp/ab-tune-$side.json "$bin" tune --tokens "$FP4MOE_AB_TUNE_TOKENS" --max-configs 1 \
+      > "$OUT/tune-$side.txt" 2>&1 || { echo "TUNE FAILED ($side)"; status=1; }
+    echo "== tune, $side:"
+    grep -E "^bucket|fastest:" "$OUT/tune-$side.txt"
+  done
+fi
+exit $status
