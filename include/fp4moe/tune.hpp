@@ -125,6 +125,11 @@ struct TuneOptions {
   // Candidates timed per GEMM and bucket: the layer's pick first, then the others nearest to it
   // (fewest differing parameters, then cheapest estimate); 0: every candidate the planner accepts.
   int max_configs = 0;
+  // Instead (when not empty): the layer's pick, as the reference, and these configurations, by
+  // the labels `fp4moe plan` prints ("n4 s8 w12", or with the family: "wgmma-gemm n4 s8 w12"),
+  // wherever the planner accepts them; one that it accepts for no GEMM and bucket is an error.
+  // max_configs is then ignored.
+  std::vector<std::string> configs;
   bool quick = false;      // max_configs 6 (unless given), 2 warm-up launches and 7 samples
   int warmup = 3;          // launches before timing, per candidate
   int samples = 15;        // CUDA-event samples per candidate (the median counts)
@@ -164,5 +169,11 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress =
 // candidates of every family ordered by their distance to it (how many parameters differ; another
 // family is farthest), then by estimated cost; at most `max_configs` (0: all).
 std::vector<CandidateVerdict> tune_candidates(const LayerGemmPlan& plan, int max_configs);
+
+// The candidates tune_layer times with TuneOptions::configs: the pick, then the plan's feasible
+// candidates whose label, or family and label ("wgmma-gemm n4 s8 w12"), is in `labels`, in the
+// plan's order, each once. Labels the plan does not accept are skipped.
+std::vector<CandidateVerdict> tune_candidates_named(const LayerGemmPlan& plan,
+                                                    const std::vector<std::string>& labels);
 
 }  // namespace fp4moe

@@ -52,9 +52,16 @@ void register_tune(CLI::App& app) {
       "--quick", o->tune.quick,
       "Time only a handful of candidates around the layer's own pick (6 unless --max-configs), with "
       "fewer runs");
-  cmd->add_option("--max-configs", o->tune.max_configs,
-                  "Candidates timed per GEMM and bucket, nearest to the layer's pick first (0: all)")
-      ->capture_default_str();
+  auto* max_configs =
+      cmd->add_option("--max-configs", o->tune.max_configs,
+                      "Candidates timed per GEMM and bucket, nearest to the layer's pick first "
+                      "(0: all)")
+          ->capture_default_str();
+  cmd->add_option("--configs", o->tune.configs,
+                  "Time only these configurations (and the layer's pick, as the reference), by the labels "
+                  "`fp4moe plan` prints, comma-separated: e.g. --configs 'n4 s8 w12,wgmma-gemm n4 s6 w8'")
+      ->delimiter(',')
+      ->excludes(max_configs);
   cmd->add_option("--warmup", o->tune.warmup, "Warm-up launches per candidate")->capture_default_str();
   cmd->add_option("--samples", o->tune.samples, "Timed samples per candidate (the median counts)")
       ->capture_default_str();

@@ -52,6 +52,31 @@ std::vector<CandidateVerdict> tune_candidates(const LayerGemmPlan& plan, int max
   return out;
 }
 
+namespace {
+
+bool named(const CandidateVerdict& c, const std::string& label) {
+  return label == c.label || label == c.family + " " + c.label;
+}
+
+}  // namespace
+
+std::vector<CandidateVerdict> tune_candidates_named(const LayerGemmPlan& plan,
+                                                    const std::vector<std::string>& labels) {
+  std::vector<CandidateVerdict> out;
+  if (!plan.ok) return out;
+  const CandidateVerdict& pick = plan.pick.verdict;
+  out.push_back(pick);
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      if (!c.feasible || (c.family == pick.family && c.label == pick.label)) continue;
+      if (std::any_of(labels.begin(), labels.end(), [&](const std::string& l) { return named(c, l); })) {
+        out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
 TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) {
   const auto report_progress = [&](int done, int total, const std::string& what) {
     if (progress) progress(done, total, what);
@@ -61,6 +86,14 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
   require(options.max_configs >= 0, "max_configs = {} must be >= 0 (0: every feasible candidate)",
           options.max_configs);
   const int max_configs = options.max_configs > 0 ? options.max_configs : (options.quick ? 6 : 0);
+  // Configurations by name, as typed: "n4 s8 w12, n4 s6 w8" splits into labels with spaces.
+  std::vector<std::string> configs;
+  for (const auto& label : options.configs) {
+    const auto first = label.find_first_not_of(' ');
+    require(first != std::string::npos, "configs: an empty configuration label (in {} given)",
+            options.configs.size());
+    configs.push_back(label.substr(first, label.find_last_not_of(' ') - first + 1));
+  }
   const int warmup = options.quick ? 2 : options.warmup;
   const int samples = options.quick ? 7 : options.samples;
   require(warmup >= 0 && samples >= 1, "warmup = {} must be >= 0 and samples = {} >= 1", warmup, samples);
@@ -95,10 +128,24 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
     for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
       const LayerGemmPlan plan = plan_layer_gemm(options.layer, b, kind, arch, &resources);
       if (!plan.ok) fail(Errc::kDoesNotFit, "{}", plan.refusal);
-      Job job{b, kind, tune_candidates(plan, max_configs),
+      Job job{b, kind,
+              configs.empty() ? tune_candidates(plan, max_configs) : tune_candidates_named(plan, configs),
               plan.pick.verdict.family + " " + plan.pick.verdict.label};
       total += static_cast<int>(job.candidates.size());
       jobs.push_back(std::move(job));
+    }
+  }
+  // A configuration asked for by name that no GEMM and bucket accepts is most likely a typo.
+  for (const auto& label : configs) {
+    const bool found = std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) {
+      return std::any_of(j.candidates.begin(), j.candidates.end(),
+                         [&](const CandidateVerdict& c) { return named(c, label); });
+    });
+    if (!found) {
+      fail(Errc::kInvalidArgument,
+           "configuration '{}' is not one the planner accepts for {} on this GPU at any of the token "
+           "buckets tuned; `fp4moe plan --arch local` lists the candidates and their labels (e.g. '{}')",
+           label, options.layer.to_string(), jobs.front().pick_label);
     }
   }
 

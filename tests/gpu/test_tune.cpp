@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "fp4moe/error.hpp"
 #include "fp4moe/layer.hpp"
@@ -129,6 +130,43 @@ TEST(GpuTune, QuickTuneOfOneBucketIsWhatTheLayerThenRuns) {
   lo.use_tune_cache = false;
   const MoeLayer plain(w, lo);
   EXPECT_THAT(plain.plan_summary(20), Not(HasSubstr("tuned on this GPU")));
+}
+
+TEST(GpuTune, NamedConfigsAreTimedBesideThePickAndAnUnknownOneIsAnError) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const ScratchDir dir;
+  TuneOptions o;
+  o.layer = small_desc();
+  o.tokens = {16};
+  o.quick = true;
+  o.max_configs = 2;
+  o.cache_path = dir.file("tune.json");
+  const TuneReport first = tune_layer(o);
+  std::string other;  // gate_up's candidate next to the pick, "family label"
+  for (const auto& t : first.timings) {
+    if (t.gemm == GemmKind::kGateUp && !t.layer_pick) other = t.label;
+  }
+  ASSERT_FALSE(other.empty());
+
+  o.max_configs = 0;
+  o.configs = {" " + other + " "};  // surrounding spaces, as after a comma on a command line
+  const TuneReport named = tune_layer(o);
+  std::set<std::string> gate_up;
+  for (const auto& t : named.timings) {
+    if (t.gemm == GemmKind::kGateUp) gate_up.insert(t.label);
+  }
+  EXPECT_EQ(gate_up.size(), 2u);
+  EXPECT_EQ(gate_up.count(other), 1u);
+
+  o.configs = {"no such config"};
+  try {
+    tune_layer(o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("'no such config'"));
+    EXPECT_THAT(e.what(), HasSubstr("fp4moe plan"));
+  }
 }
 
 TEST(GpuTune, ACacheMadeElsewhereIsIgnoredWithOneLine) {

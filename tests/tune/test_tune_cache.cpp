@@ -380,6 +380,62 @@ TEST(TuneCandidates, ThePickFirstThenItsNeighboursAndNeverARejectedConfig) {
   }
 }
 
+TEST(TuneCandidates, NamedOnesFollowThePickOnceEachWithOrWithoutTheirFamily) {
+  const auto plan = plan_layer_gemm(layer_preset("glm5"), 256, GemmKind::kGateUp, arch_by_name("sm_90"));
+  ASSERT_TRUE(plan.ok);
+  const CandidateVerdict& pick = plan.pick.verdict;
+  // Two other feasible candidates of the pick's family, one named with its family, one without.
+  std::vector<std::string> others;
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      if (c.feasible && c.family == pick.family && c.label != pick.label && others.size() < 2) {
+        others.push_back(c.label);
+      }
+    }
+  }
+  ASSERT_EQ(others.size(), 2u);
+  const auto got = tune_candidates_named(
+      plan, {pick.family + " " + others[0], others[1], others[1], pick.label, "no such config"});
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].label, pick.label);  // the reference, once although named too
+  std::set<std::string> rest{got[1].label, got[2].label};
+  EXPECT_EQ(rest, (std::set<std::string>{others[0], others[1]}));
+  for (const auto& c : got) EXPECT_TRUE(c.feasible) << c.label;
+  // Nothing named: the pick alone.
+  EXPECT_EQ(tune_candidates_named(plan, {}).size(), 1u);
+}
+
+TEST(TuneCandidates, ARejectedConfigIsNeverNamedIn) {
+  ArchInfo small = arch_by_name("sm_90");
+  small.smem_per_block_optin = 64 * 1024;  // the 8-stage wgmma configurations no longer fit
+  const auto plan = plan_layer_gemm(layer_preset("glm5"), 256, GemmKind::kGateUp, small);
+  ASSERT_TRUE(plan.ok);
+  std::vector<std::string> rejected;
+  for (const auto& p : plan.plans) {
+    for (const auto& c : p.candidates) {
+      if (!c.feasible) rejected.push_back(c.family + " " + c.label);
+    }
+  }
+  ASSERT_FALSE(rejected.empty());
+  const auto got = tune_candidates_named(plan, rejected);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].feasible);
+}
+
+TEST(Tune, AnEmptyConfigLabelIsRejectedBeforeAnythingRuns) {
+  TuneOptions o;
+  o.layer = small_layer();
+  o.tokens = {1};
+  o.configs = {"n4 s8 w8", "  "};
+  try {
+    tune_layer(o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("empty configuration label"));
+  }
+}
+
 TEST(TuneCandidates, NothingFeasibleNothingTimed) {
   ArchInfo tiny = arch_by_name("sm_120");
   tiny.smem_per_block_optin = 1024;
