@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "fp4moe/error.hpp"
 #include "fp4moe/layer.hpp"
@@ -88,6 +89,21 @@ void expect_matches_reference(const LayerWeights& w, const MoeLayer& layer, std:
   // Deterministic: a second run gives the same bits.
   const GpuRun again = run_gpu(layer, x, logits, tokens);
   EXPECT_TRUE(std::equal(again.out.begin(), again.out.end(), gpu.out.begin())) << "second run differs";
+}
+
+// Runs `check` on a layer with forced kernel configurations, or marks the test skipped where the
+// planner refuses them at construction on this device (kUnsupported: a wgmma configuration off
+// sm_90, or without the sm_90a image). Callers stop once ::testing::Test::IsSkipped().
+template <typename Check>
+void on_forced_layer(const LayerWeights& w, const MoeLayerOptions& o, Check&& check) {
+  std::optional<MoeLayer> layer;
+  try {
+    layer.emplace(w, o);
+  } catch (const Error& e) {
+    if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  check(*layer);
 }
 
 LayerDesc small_desc(RouterKind router) {
@@ -276,16 +292,11 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
       o.gemm1 = mix == 2 ? stream : wg;
       o.gemm2 = mix == 1 ? stream : wg;
       SCOPED_TRACE(o.gemm1->to_string() + " / " + o.gemm2->to_string());
-      try {
-        // Off sm_90 (or without the sm_90a image) the planner refuses the forced wgmma config at
-        // construction (kUnsupported).
-        const MoeLayer layer(w, o);
+      on_forced_layer(w, o, [&](const MoeLayer& layer) {
         for (std::int64_t t : {1, 70, 300})
           expect_matches_reference(w, layer, t, 1600 + static_cast<std::uint64_t>(t));
-      } catch (const Error& e) {
-        if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
-        throw;
-      }
+      });
+      if (IsSkipped()) return;
     }
   }
 }
@@ -301,14 +312,11 @@ TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
     o.max_tokens = 512;
     o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
     SCOPED_TRACE(o.gemm1->to_string());
-    try {
-      const MoeLayer layer(w, o);
+    on_forced_layer(w, o, [&](const MoeLayer& layer) {
       for (std::int64_t t : {5, 300})
         expect_matches_reference(w, layer, t, 1700 + static_cast<std::uint64_t>(t));
-    } catch (const Error& e) {
-      if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
-      throw;
-    }
+    });
+    if (IsSkipped()) return;
   }
 }
 
@@ -343,18 +351,15 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
     o.max_tokens = T;
     o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
     SCOPED_TRACE(o.gemm1->to_string());
-    try {
-      const MoeLayer layer(w, o);
+    on_forced_layer(w, o, [&](const MoeLayer& layer) {
       const std::string plan = layer.plan_summary(T);
       EXPECT_NE(plan.find("last 1-32 tokens: wgmma n4"), std::string::npos) << plan;
       const auto out = run_gpu_routed(layer, x, r);
       EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
       const auto again = run_gpu_routed(layer, x, r);
       EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
-    } catch (const Error& e) {
-      if (e.code() == Errc::kUnsupported) GTEST_SKIP() << e.what();
-      throw;
-    }
+    });
+    if (IsSkipped()) return;
   }
 }
 
