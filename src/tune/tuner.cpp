@@ -21,6 +21,11 @@ int distance(const CandidateVerdict& a, const CandidateVerdict& b) {
   return d;
 }
 
+// Whether `label` names c: its label, or its family and label ("wgmma-gemm n4 s8 w12").
+bool named(const CandidateVerdict& c, const std::string& label) {
+  return label == c.label || label == c.family + " " + c.label;
+}
+
 struct Job {
   std::int64_t bucket = 0;
   GemmKind gemm = GemmKind::kGateUp;
@@ -51,14 +56,6 @@ std::vector<CandidateVerdict> tune_candidates(const LayerGemmPlan& plan, int max
   }
   return out;
 }
-
-namespace {
-
-bool named(const CandidateVerdict& c, const std::string& label) {
-  return label == c.label || label == c.family + " " + c.label;
-}
-
-}  // namespace
 
 std::vector<CandidateVerdict> tune_candidates_named(const LayerGemmPlan& plan,
                                                     const std::vector<std::string>& labels) {
