@@ -60,8 +60,13 @@ struct GroupArgs {
   std::int32_t* active = nullptr;                   // [E+P] ids of experts with tokens, ascending
   std::int32_t* n_active = nullptr;                 // [1]
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};  // [E+P+1] token blocks before active expert a
-  std::int32_t* slot_token = nullptr;               // [slots] token of each slot
-  std::int32_t* pair_slot = nullptr;                // [T, k+P] slot of each pick (then of each shared piece)
+  // Per GEMM with tail launches (tb_tail > 0; may be null otherwise): [2][E+P] the experts whose last
+  // block tail launch i takes (wgmma_tail_class), ascending, list i from i * (E+P) on; and [2] the
+  // length of each list. A tail launch walks only its own experts, spread evenly over its CTAs.
+  std::int32_t* tail_experts[2] = {nullptr, nullptr};
+  std::int32_t* tail_count[2] = {nullptr, nullptr};
+  std::int32_t* slot_token = nullptr;  // [slots] token of each slot
+  std::int32_t* pair_slot = nullptr;   // [T, k+P] slot of each pick (then of each shared piece)
 };
 
 // Decode sizes (T <= kSmallRouteTokens): route, count, scan and scatter in one CTA. With
@@ -98,14 +103,15 @@ struct StreamGemmArgs {
   const std::int32_t* active = nullptr;
   const std::int32_t* n_active = nullptr;
   const std::int32_t* tb_prefix = nullptr;
-  // wgmma only. 0: the launch covers the tb_prefix blocks. > 0: a tail launch; for each active
-  // expert whose count r = count % tail_of lies in (tail_lo, tail_hi], it covers the one block of
-  // the expert's last r tokens (the blocks the main launch, of tail_of tokens, left out: see
-  // GroupArgs::tb_tail). It starts without waiting for the launch before it (whose own wait saw
-  // its inputs complete) and waits for it before exiting, so whatever follows sees both done.
+  // wgmma only. 0: the launch covers the tb_prefix blocks. > 0: a tail launch; for each of the
+  // *n_tail experts in tail_experts (one of GroupArgs::tail_experts' lists), it covers the one
+  // block of the expert's last r = count % tail_of tokens (the block the main launch, of tail_of
+  // tokens, left out: see GroupArgs::tb_tail). It starts without waiting for the launch before it
+  // (whose own wait saw its inputs complete) and waits for it before exiting, so whatever follows
+  // sees both done.
   int tail_of = 0;
-  int tail_lo = 0;
-  int tail_hi = 0;
+  const std::int32_t* tail_experts = nullptr;
+  const std::int32_t* n_tail = nullptr;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2

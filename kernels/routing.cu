@@ -226,6 +226,21 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
     g.tb_prefix[0][n_active] = total0;
     g.tb_prefix[1][n_active] = total1;
   }
+  // Each tail launch's experts (GroupArgs::tail_experts): one scan per GEMM that has tail launches,
+  // its two lists' positions packed in 16-bit halves (n <= kSmallThreads).
+  for (int gi = 0; gi < 2; ++gi) {
+    if (g.tb_tail[gi] == 0) continue;  // the same for every thread
+    const int cls = wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi]);
+    const int packed = cls < 0 ? 0 : 1 << (16 * cls);
+    int at = 0, both = 0;
+    BlockScan<kSmallThreads>(temp).ExclusiveSum(packed, at, both);
+    __syncthreads();
+    if (cls >= 0) g.tail_experts[gi][cls * n + ((at >> (16 * cls)) & 0xffff)] = e;
+    if (e == 0) {
+      g.tail_count[gi][0] = both & 0xffff;
+      g.tail_count[gi][1] = both >> 16;
+    }
+  }
 }
 
 __device__ __forceinline__ bool valid_expert(const GroupArgs& g, int e) {

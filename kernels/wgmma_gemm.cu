@@ -184,19 +184,20 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t
 struct WgmmaItem {
   int expert;
   int slot0;    // first slot (row of act) of the token block
-  int m_count;  // tokens of the block that belong to the expert; 0 (tail launches only): an expert
-                // whose last block is not this launch's, nothing to do
+  int m_count;  // tokens of the block that belong to the expert
   int group0;   // first 64-row group
 };
 
 // The items a CTA visits, in order (blockIdx.x, + gridDim.x, ...): the producer and the consumers
 // each walk the same sequence. A main launch: the tb_prefix blocks of every active expert. A tail
-// launch (TAIL, p.tail_of > 0): one item per active expert and row block, empty unless the
-// expert's last r = count % tail_of tokens lie in (tail_lo, tail_hi].
+// launch (TAIL, p.tail_of > 0): per row block, the last r = count % tail_of tokens of each of its
+// *p.n_tail experts (p.tail_experts), so that its items are as evenly spread over the CTAs as a
+// main launch's. (Walking every active expert and skipping the others left the CTAs 1.2-1.6x
+// uneven at T=1024-16384.)
 template <int NT, bool TAIL>
 struct WgmmaItems {
   const StreamGemmArgs& p;
-  int n_active;
+  int n_active;  // a tail launch: its experts (*p.n_tail), once reload() has run
   std::int64_t total;
   int cursor = 0;
 
@@ -209,11 +210,10 @@ struct WgmmaItems {
     const int pb = static_cast<int>(item / p.row_blocks);
     const int rb = static_cast<int>(item % p.row_blocks);
     if constexpr (TAIL) {
-      const int expert = p.active[pb];
+      const int expert = p.tail_experts[pb];
       const int end = p.offsets[expert + 1];
       const int r = (end - p.offsets[expert]) % p.tail_of;
-      const bool mine = r > p.tail_lo && r <= p.tail_hi;
-      return {expert, end - r, mine ? r : 0, rb * WgmmaGemmLayout::kGroups};
+      return {expert, end - r, r, rb * WgmmaGemmLayout::kGroups};
     } else {
       while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
       const int expert = p.active[cursor];
@@ -221,10 +221,10 @@ struct WgmmaItems {
       return {expert, slot0, min(kTokens, p.offsets[expert + 1] - slot0), rb * WgmmaGemmLayout::kGroups};
     }
   }
-  // Tail launches read the item count after setmaxnreg: ptxas spills what lives across it in their
-  // producer (40 registers).
+  // Tail launches read their expert count after setmaxnreg: ptxas spills what lives across it in
+  // their producer (40 registers).
   __device__ void reload() {
-    if constexpr (TAIL) n_active = *p.n_active;
+    if constexpr (TAIL) n_active = *p.n_tail;
   }
 };
 
@@ -286,9 +286,6 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
          item += gridDim.x) {
       const WgmmaItem it = items.at(item);
-      if constexpr (TAIL) {
-        if (it.m_count == 0) continue;
-      }
       const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
       const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
                                  static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
@@ -380,9 +377,6 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
        item += gridDim.x) {
     const WgmmaItem it = items.at(item);
-    if constexpr (TAIL) {
-      if (it.m_count == 0) continue;
-    }
 #pragma unroll
     for (int i = 0; i < kMB; ++i)
 #pragma unroll

@@ -134,6 +134,18 @@ constexpr WgmmaTail wgmma_tail(int n_tiles, int i) {
 constexpr int wgmma_tail_max(int n_tiles) {
   return wgmma_tail_count(n_tiles) > 0 ? 4 * n_tiles : 0;
 }
+// The tail launch (index i of wgmma_tail) that takes the last block of an expert with `count`
+// tokens, under main blocks of `block` tokens whose tail launches take at most `tail_max` (0: none);
+// -1 when no tail launch does. The routing's scan lists each tail launch's experts by this rule.
+constexpr int wgmma_tail_class(int count, int block, int tail_max) {
+  const int r = count % block;
+  if (tail_max == 0 || r == 0 || r > tail_max) return -1;
+  for (int i = 0; i < wgmma_tail_count(block / 8); ++i) {
+    const WgmmaTail t = wgmma_tail(block / 8, i);
+    if (r > t.lo && r <= t.hi) return i;
+  }
+  return -1;
+}
 
 static_assert(wgmma_tail_max(16) == 64 && wgmma_tail_max(8) == 32 && wgmma_tail_max(4) == 0);
 static_assert(wgmma_tail(16, 0).n_tiles == 8 && wgmma_tail(16, 0).lo == 32 && wgmma_tail(16, 0).hi == 64);
@@ -141,6 +153,9 @@ static_assert(wgmma_tail(16, 1).n_tiles == 4 && wgmma_tail(16, 1).lo == 0 && wgm
 static_assert(wgmma_tail(8, 0).n_tiles == 4 && wgmma_tail(8, 0).lo == 0 && wgmma_tail(8, 0).hi == 32);
 static_assert(main_token_blocks(142, 128, 64) == 1 && main_token_blocks(200, 128, 64) == 2);
 static_assert(main_token_blocks(64, 128, 64) == 0 && main_token_blocks(65, 128, 0) == 1);
+static_assert(wgmma_tail_class(128 + 33, 128, 64) == 0 && wgmma_tail_class(256 + 32, 128, 64) == 1);
+static_assert(wgmma_tail_class(1, 64, 32) == 0 && wgmma_tail_class(33, 64, 32) == -1);
+static_assert(wgmma_tail_class(128, 128, 64) == -1 && wgmma_tail_class(5, 128, 0) == -1);
 
 static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
 static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);

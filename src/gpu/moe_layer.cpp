@@ -132,6 +132,8 @@ struct MoeLayer::Impl {
   std::int32_t *counts = nullptr, *cursors = nullptr, *offsets = nullptr, *active = nullptr,
                *n_active = nullptr;
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};
+  std::int32_t* tail_experts[2] = {nullptr, nullptr};  // per GEMM [2][E+P] (GroupArgs::tail_experts)
+  std::int32_t* tail_count[2] = {nullptr, nullptr};    // per GEMM [2]
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   std::uint16_t* y = nullptr;  // bf16 [slots, H]: the down GEMM's output per (token, pick)
@@ -299,17 +301,19 @@ struct MoeLayer::Impl {
     return static_cast<int>((tiles + per_item - 1) / per_item);
   }
 
-  // The GEMM under choice c, then its tail launches (each over the expert's last blocks c left out).
-  void launch_with_tails(const kernels::StreamGemmArgs& args, const GemmChoice& c,
+  // GEMM `which` under choice c, then its tail launches (each over the expert's last blocks c left
+  // out: tail launch i walks the experts the routing's scan listed for it).
+  void launch_with_tails(gpu::Gemm which, const kernels::StreamGemmArgs& args, const GemmChoice& c,
                          const std::vector<gpu::TailLaunch>& tails, kernels::StreamEpilogue epi, bool pdl,
                          Stream stream) const {
     launch(args, c, epi, pdl, stream);
-    for (const gpu::TailLaunch& t : tails) {
+    const int gi = which == gpu::Gemm::kGateUp ? 0 : 1;
+    for (std::size_t i = 0; i < tails.size(); ++i) {
       kernels::StreamGemmArgs a = args;
       a.tail_of = c.token_block();
-      a.tail_lo = t.lo;
-      a.tail_hi = t.hi;
-      launch(a, t.choice, epi, pdl, stream);
+      a.tail_experts = tail_experts[gi] + static_cast<std::ptrdiff_t>(i) * experts_total;
+      a.n_tail = tail_count[gi] + i;
+      launch(a, tails[i].choice, epi, pdl, stream);
     }
   }
 
@@ -484,6 +488,9 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_nactive = carve(4);
   const std::size_t o_tb0 = carve(static_cast<std::size_t>(ne + 1) * 4);
   const std::size_t o_tb1 = carve(static_cast<std::size_t>(ne + 1) * 4);
+  const std::size_t o_tail0 = carve(static_cast<std::size_t>(2 * ne) * 4);
+  const std::size_t o_tail1 = carve(static_cast<std::size_t>(2 * ne) * 4);
+  const std::size_t o_tail_count = carve(4 * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
@@ -503,6 +510,10 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.n_active = reinterpret_cast<std::int32_t*>(base + o_nactive);
   m.tb_prefix[0] = reinterpret_cast<std::int32_t*>(base + o_tb0);
   m.tb_prefix[1] = reinterpret_cast<std::int32_t*>(base + o_tb1);
+  m.tail_experts[0] = reinterpret_cast<std::int32_t*>(base + o_tail0);
+  m.tail_experts[1] = reinterpret_cast<std::int32_t*>(base + o_tail1);
+  m.tail_count[0] = reinterpret_cast<std::int32_t*>(base + o_tail_count);
+  m.tail_count[1] = m.tail_count[0] + 2;
   m.slot_token = reinterpret_cast<std::int32_t*>(base + o_slot_token);
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
@@ -547,6 +558,10 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ga.n_active = n_active;
   ga.tb_prefix[0] = tb_prefix[0];
   ga.tb_prefix[1] = tb_prefix[1];
+  ga.tail_experts[0] = tail_experts[0];
+  ga.tail_experts[1] = tail_experts[1];
+  ga.tail_count[0] = tail_count[0];
+  ga.tail_count[1] = tail_count[1];
   ga.slot_token = slot_token;
   ga.pair_slot = pair_slot;
 
@@ -654,10 +669,11 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   if (last == ForwardStage::kRouting) return;
   if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
   if (last == ForwardStage::kGather) return;
-  launch_with_tails(gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1,
-                    decision.tails[0], e1, pdl, stream);
+  launch_with_tails(gpu::Gemm::kGateUp, gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma),
+                    c1, decision.tails[0], e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
-  launch_with_tails(gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2, pdl, stream);
+  launch_with_tails(gpu::Gemm::kDown, gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2,
+                    pdl, stream);
   if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
@@ -810,7 +826,7 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
   if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
   const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
-  const auto launch_once = [&] { m.launch_with_tails(args, choice, tails, epi, false, t.stream); };
+  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, false, t.stream); };
   for (int i = 0; i < warmup; ++i) launch_once();
   // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
   const double one = t.time(launch_once, 1);
