@@ -147,11 +147,11 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
                              KernelAttributes* attributes);
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
-// out[s][permuted_k(k)] = x[slot_token[s]][k] (x[s] when slot_token is null), zero past k, for
-// s < *total_slots (read on the device; max_slots bounds it).
-cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
-                                  const std::int32_t* total_slots, int max_slots, int k, int k_padded,
-                                  std::uint16_t* out, cudaStream_t stream);
+// out[pair_slot[t][j]][permuted_k(kk)] = x[t][kk] for each token t < tokens and each of its
+// `pairs` (k+P) slots that is not -1, zero for k <= kk < k_padded. k must be a multiple of 8 and
+// k_padded of 64 (cudaErrorInvalidValue otherwise).
+cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* pair_slot, int tokens,
+                                  int pairs, int k, int k_padded, std::uint16_t* out, cudaStream_t stream);
 
 struct FinalizeArgs {
   const std::uint16_t* y = nullptr;         // [slots, hidden] bf16

@@ -503,22 +503,46 @@ WgmmaKernelFn wgmma_kernel_for(const WgmmaGemmConfig& c, StreamEpilogue epi, boo
   return wgmma_kernel_at(c, epi, tail);
 }
 
-// k-permuted gather: out[s][permuted_k(k)] = x[slot_token[s]][k], rows padded to k_padded with
-// zeros. One CTA per slot; each thread moves 4 consecutive k (two pairs that land apart).
-__global__ void __launch_bounds__(256)
-    permute_gather_kernel(const std::uint16_t* x, const std::int32_t* slot_token,
-                          const std::int32_t* total_slots, int k, int k_padded, std::uint16_t* out) {
+// k-permuted copy of x in slot order, token-major: token t's row is read once and written to each
+// of its slots (pair_slot; -1: a dropped pick), out[slot][permuted_k(kk)] = x[t][kk], zero past k.
+// (Slot-major, one CTA per slot, read each row once per pick: at T=4096 x no longer stays in L2
+// between an expert's pass and the next, and the rows came from DRAM up to 9 times.) A warp moves
+// one span of four 64-chunks: each lane loads 8 consecutive k, the warp reorders them through
+// shared memory into mma-k order, and each lane stores one 16-byte piece per slot.
+constexpr int kScatterWarps = 4;
+constexpr int kScatterSpanK = 256;
+constexpr int kScatterChunkWords = 40;  // 32 words of a chunk, padded: the reads hit 32 banks
+
+__global__ void __launch_bounds__(kScatterWarps * 32)
+    permute_scatter_kernel(const std::uint16_t* x, const std::int32_t* pair_slot, int pairs, int k,
+                           int k_padded, std::uint16_t* out) {
+  __shared__ __align__(16) std::uint32_t buf[kScatterWarps][4 * kScatterChunkWords];
   pdl_wait();
-  const int s = blockIdx.x;
-  if (s >= *total_slots) return;  // fewer slots than the bound: caller-given ids were dropped
-  const std::uint16_t* src = x + static_cast<std::int64_t>(slot_token != nullptr ? slot_token[s] : s) * k;
-  std::uint32_t* dst = reinterpret_cast<std::uint32_t*>(out + static_cast<std::int64_t>(s) * k_padded);
-  for (int q = threadIdx.x; q < k_padded / 4; q += blockDim.x) {
-    const int k0 = 4 * q;
-    uint2 v = make_uint2(0u, 0u);
-    if (k0 < k) v = *reinterpret_cast<const uint2*>(src + k0);
-    dst[permuted_k(k0) / 2] = v.x;
-    dst[permuted_k(k0 + 2) / 2] = v.y;
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int k0 = (blockIdx.y * kScatterWarps + warp) * kScatterSpanK;
+  if (k0 >= k_padded) return;  // the same for the whole warp
+  const int c = lane >> 3;     // chunk of the span: lane loads its k 8 (lane % 8) .. + 7
+  const int q = lane & 7;      // and stores its mma-k 8 q .. 8 q + 7
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (k0 + 8 * lane < k)
+    v = *reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k + k0 + 8 * lane);
+  *reinterpret_cast<uint4*>(&buf[warp][c * kScatterChunkWords + 4 * q]) = v;
+  __syncwarp();
+  // mma-k 8q + 2i + o (i < 4, o < 2) holds real k 16i + 2q + o (permuted_k): word 8i + q.
+  const std::uint32_t* w = &buf[warp][c * kScatterChunkWords];
+  const uint4 piece = make_uint4(w[q], w[8 + q], w[16 + q], w[24 + q]);
+  const bool mine = k0 + 64 * c < k_padded;
+  const std::int64_t col = k0 + 64 * c + 8 * q;
+  for (int j0 = 0; j0 < pairs; j0 += 32) {
+    const int my = j0 + lane < pairs ? pair_slot[static_cast<std::int64_t>(t) * pairs + j0 + lane] : -1;
+    const int n = min(32, pairs - j0);
+    for (int j = 0; j < n; ++j) {
+      const int slot = __shfl_sync(0xffffffffu, my, j);
+      if (slot >= 0 && mine)
+        *reinterpret_cast<uint4*>(out + static_cast<std::int64_t>(slot) * k_padded + col) = piece;
+    }
   }
 }
 
@@ -622,11 +646,14 @@ cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig&
                        config.stages);
 }
 
-cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* slot_token,
-                                  const std::int32_t* total_slots, int max_slots, int k, int k_padded,
-                                  std::uint16_t* out, cudaStream_t stream) {
-  if (max_slots == 0) return cudaSuccess;
-  permute_gather_kernel<<<max_slots, 256, 0, stream>>>(x, slot_token, total_slots, k, k_padded, out);
+cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* pair_slot, int tokens,
+                                  int pairs, int k, int k_padded, std::uint16_t* out, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (k % 8 != 0 || k_padded % 64 != 0 || k_padded < k) return cudaErrorInvalidValue;
+  const int spans = (k_padded + kScatterSpanK - 1) / kScatterSpanK;
+  const dim3 grid(static_cast<unsigned>(tokens),
+                  static_cast<unsigned>((spans + kScatterWarps - 1) / kScatterWarps));
+  permute_scatter_kernel<<<grid, kScatterWarps * 32, 0, stream>>>(x, pair_slot, pairs, k, k_padded, out);
   return cudaGetLastError();
 }
 

@@ -333,7 +333,6 @@ struct MoeLayer::Impl {
     }
   }
 
-  std::int64_t max_slots_for(std::int64_t tokens) const { return tokens * (desc.top_k + pieces); }
 
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
   // by expert, with the token blocks of the first GEMM's choice c1 and the second's c2 (whose tail
@@ -581,8 +580,8 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
 
 void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const {
   FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(
-      reinterpret_cast<const std::uint16_t*>(x), slot_token, offsets + experts_total,
-      static_cast<int>(max_slots_for(tokens)), static_cast<int>(desc.hidden), static_cast<int>(h_padded),
+      reinterpret_cast<const std::uint16_t*>(x), pair_slot, static_cast<int>(tokens),
+      static_cast<int>(desc.top_k) + pieces, static_cast<int>(desc.hidden), static_cast<int>(h_padded),
       x_perm, stream));
 }
 
