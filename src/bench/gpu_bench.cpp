@@ -188,8 +188,8 @@ class Bf16Layer {
     }
     if (!w.correction_bias.empty()) {
       bias_ = Buf<float>(w.correction_bias.size());
-      FP4MOE_CUDA_CHECK(cudaMemcpy(bias_.get(), w.correction_bias.data(), w.correction_bias.size() * 4,
-                                   cudaMemcpyHostToDevice));
+      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(bias_.get(), w.correction_bias.data(), w.correction_bias.size() * 4,
+                                        cudaMemcpyHostToDevice, s));
     }
     const std::int64_t slots = max_tokens * (d_.top_k + pieces_);
     ids_ = Buf<std::int32_t>(static_cast<std::size_t>(max_tokens * d_.top_k));
@@ -279,8 +279,11 @@ class Bf16Layer {
  private:
   void upload(const QuantizedMatrix& m, std::uint16_t* dst, cudaStream_t s) {
     Buf<std::uint8_t> packed(m.packed.size()), scales(m.scales.size());
-    FP4MOE_CUDA_CHECK(cudaMemcpy(packed.get(), m.packed.data(), m.packed.size(), cudaMemcpyHostToDevice));
-    FP4MOE_CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size(), cudaMemcpyHostToDevice));
+    // On s, like the kernel that reads them (s does not wait for the legacy stream).
+    FP4MOE_CUDA_CHECK(
+        cudaMemcpyAsync(packed.get(), m.packed.data(), m.packed.size(), cudaMemcpyHostToDevice, s));
+    FP4MOE_CUDA_CHECK(
+        cudaMemcpyAsync(scales.get(), m.scales.data(), m.scales.size(), cudaMemcpyHostToDevice, s));
     kernels::DequantArgs a;
     a.packed = packed.get();
     a.scales = scales.get();
@@ -429,7 +432,10 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       std::normal_distribution<float> dist(0.0f, 2.0f);
       std::vector<float> hl(static_cast<std::size_t>(T * d.experts));
       for (auto& v : hl) v = dist(rng);
-      FP4MOE_CUDA_CHECK(cudaMemcpy(logits.back().get(), hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+      // On s, before the forward that reads them: a copy on the legacy stream from pageable memory
+      // may return before its DMA ends, and s does not wait for the legacy stream.
+      FP4MOE_CUDA_CHECK(
+          cudaMemcpyAsync(logits.back().get(), hl.data(), hl.size() * 4, cudaMemcpyHostToDevice, s));
       // Active experts of this set, from the layer's own routing.
       Buf<std::int32_t> ids(static_cast<std::size_t>(T * d.top_k));
       layer.forward(s, reinterpret_cast<const Bf16*>(xs.back().get()), logits.back().get(),

@@ -333,7 +333,6 @@ struct MoeLayer::Impl {
     }
   }
 
-
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
   // by expert, with the token blocks of the first GEMM's choice c1 and the second's c2 (whose tail
   // launches take the last blocks of at most gpu::tail_max tokens).
@@ -519,6 +518,10 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.y = reinterpret_cast<std::uint16_t*>(base + o_y);
   m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
   FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
+  // The uploads and the memset ran on the legacy default stream, and a copy from pageable memory
+  // may return before its DMA ends: wait for them, so that a forward on any stream (a non-blocking
+  // one does not order itself after the legacy stream) reads complete weights and a zeroed h.
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
@@ -802,7 +805,9 @@ LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64
   for (auto& v : host) v = dist(rng);
   t.logits = DeviceBuffer(host.size() * sizeof(float));
   t.logits.upload(host.data(), host.size() * sizeof(float));
-  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(t.stream));
+  // x was filled on t.stream, the logits copied on the legacy stream (which t.stream, non-blocking,
+  // does not wait for): wait for both.
+  FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 LayerTuning::~LayerTuning() = default;

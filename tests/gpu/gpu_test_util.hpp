@@ -39,8 +39,11 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
+  // Complete on return: a pageable copy may return before its DMA ends, and a test may go on
+  // with a non-blocking stream, which does not wait for the legacy one.
   void upload(const std::vector<T>& v) {
     cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   }
   std::vector<T> download() const {
     std::vector<T> v(n_);
