@@ -280,10 +280,10 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   d.shared_intermediate = 208;
   const LayerWeights w = random_layer_weights(d, 16);
   const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
-  // (n_tiles, stages, consumer warps; n4 s16 the deepest ring), and mixed with the stream kernel: GEMM1 then
-  // writes h k-permuted for the wgmma GEMM2, or GEMM2 reads it in natural order. 400 and 2 x 208 rows are not
-  // multiples of the 256-row item: the last item is partial.
-  const int configs[][3] = {{16, 4, 8}, {8, 3, 8}, {16, 5, 8}, {4, 6, 8}, {4, 16, 8}, {4, 5, 16}, {8, 3, 16}};
+  // (n_tiles, stages, consumer warps), and mixed with the stream kernel: GEMM1 then writes h
+  // k-permuted for the wgmma GEMM2, or GEMM2 reads it in natural order. 400 and 2 x 208 rows are
+  // not multiples of the 256-row item: the last item is partial.
+  const int configs[][3] = {{16, 4, 8}, {8, 3, 8}, {16, 5, 8}, {4, 6, 8}, {4, 5, 16}, {8, 3, 16}};
   for (const auto& c : configs) {
     const GemmChoice wg{GemmKernel::kWgmma, 2, c[0], c[1], c[2], 1};
     for (int mix = 0; mix < 3; ++mix) {
