@@ -101,7 +101,7 @@ struct WgmmaGemmLayout {
   }
   static constexpr bool valid(const WgmmaGemmConfig& c) {
     // 3+: the consumers hold two stages (the chunk in the tensor cores and the one decoded next)
-    return compiled(c) && c.stages >= 3 && c.stages <= 16;
+    return compiled(c) && c.stages >= 3 && c.stages <= 8;
   }
 };
 

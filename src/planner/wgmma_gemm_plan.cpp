@@ -49,7 +49,7 @@ CandidateSpec make_spec(const WgmmaGemmConfig& c) {
     s.invalid = fmt::format("n{} w{} is not a compiled instance ({})", c.n_tiles, c.consumer_warps,
                             compiled_shapes());
   } else if (!WgmmaGemmLayout::valid(c)) {
-    s.invalid = fmt::format("stages={}: the kernel takes 3..16 stages", c.stages);
+    s.invalid = fmt::format("stages={}: the kernel takes 3..8 stages", c.stages);
   }
   return s;
 }

@@ -15,7 +15,7 @@ namespace fp4moe::planner {
 // wgmma_gemm_layout.hpp); rows (256) and the K split (none) are fixed; stages is a launch-time
 // value, 3..8.
 inline constexpr int kWgmmaGemmStagesMin = 3;
-inline constexpr int kWgmmaGemmStagesMax = 16;
+inline constexpr int kWgmmaGemmStagesMax = 8;
 
 // Every candidate, in the order the plan lists them: each compiled shape x stages 3..8.
 std::vector<kernels::WgmmaGemmConfig> wgmma_gemm_candidates();
