@@ -101,8 +101,12 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.m_tiles = 2;
     c.k_split = 1;
     // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
-    // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert).
-    c.n_tiles = per_expert >= 96.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
+    // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert). Since the tail
+    // launches (each expert's short last block on a narrower instance, overlapping the main launch
+    // under PDL), 128-token blocks measured 1.05-1.10x faster than 64 in the layer at T=1024 and
+    // 1.12x at T=1536 (f89be95, 2026-11-30; the tuner, which runs the launches one after another,
+    // has them at par).
+    c.n_tiles = per_expert >= 32.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
     c.warps = 8;  // consumer warps
     c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;
