@@ -100,13 +100,14 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
     c.k_split = 1;
-    // Token blocks: the H200 tuner (f76abf9) found 64 tokens 1.2-1.3x faster than 32 at T=1024
-    // (38 tokens per expert) and 32 tokens the fastest at T=256 (11 per expert). Since the tail
-    // launches (each expert's short last block on a narrower instance, overlapping the main launch
-    // under PDL), 128-token blocks measured 1.05-1.10x faster than 64 in the layer at T=1024 and
-    // 1.12x at T=1536 (f89be95, 2026-11-30; the tuner, which runs the launches one after another,
-    // has them at par).
-    c.n_tiles = per_expert >= 32.0 ? 16 : (per_expert >= 24.0 ? 8 : 4);
+    // Token blocks: 32 tokens the fastest at T=256 (the H200 tuner, f76abf9; 8 per expert here).
+    // From 20 per expert, 128-token blocks with their tail launches (each expert's short last
+    // block on a narrower instance, overlapping the main launch under PDL). In the layer
+    // (2026-11-30, f89be95 / b901d04, GLM-5, n16 forced through a tune cache, alternated twice):
+    // against 64-token blocks 1.05x at T=896, 1.08x at T=1024, 1.12-1.13x at T=1536-2048, at par at
+    // T=768; against 32-token blocks 1.12-1.15x at T=640 (20 per expert), at par at T=512 (16).
+    // The tuner, which runs the launches one after another, has n16 and n8 at par.
+    c.n_tiles = per_expert >= 20.0 ? 16 : 4;
     c.warps = 8;  // consumer warps
     c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;
