@@ -59,7 +59,7 @@ void register_tune(CLI::App& app) {
           ->capture_default_str();
   cmd->add_option("--configs", o->tune.configs,
                   "Time only these configurations (and the layer's pick, as the reference), by the labels "
-                  "`fp4moe plan` prints, comma-separated: e.g. --configs 'n4 s8 w12,wgmma-gemm n4 s6 w8'")
+                  "`fp4moe plan` prints, comma-separated: e.g. --configs 'n4 s8 w16,wgmma-gemm n4 s6 w8'")
       ->delimiter(',')
       ->excludes(max_configs);
   cmd->add_option("--warmup", o->tune.warmup, "Warm-up launches per candidate")->capture_default_str();

@@ -97,6 +97,29 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
   std::set<std::int64_t> bucket_set;
   for (const auto t : options.tokens) bucket_set.insert(token_bucket(t));
   const std::vector<std::int64_t> buckets(bucket_set.begin(), bucket_set.end());
+  // A label that names no configuration of any kernel family (sm_90 plans all three; the lists do
+  // not depend on T) is a typo: say so now, before the layer is built and uploaded (seconds to
+  // minutes), and without a GPU. Whether this GPU accepts it is checked once the layer is there.
+  if (!configs.empty()) {
+    std::vector<LayerGemmPlan> every;
+    for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
+      every.push_back(plan_layer_gemm(options.layer, buckets.front(), kind, arch_by_name("sm_90")));
+    }
+    for (const auto& label : configs) {
+      const bool known = std::any_of(every.begin(), every.end(), [&](const LayerGemmPlan& plan) {
+        return std::any_of(plan.plans.begin(), plan.plans.end(), [&](const Plan& p) {
+          return std::any_of(p.candidates.begin(), p.candidates.end(),
+                             [&](const CandidateVerdict& c) { return named(c, label); });
+        });
+      });
+      if (!known) {
+        fail(Errc::kInvalidArgument,
+             "configuration '{}' names no configuration of fp4moe's GEMM kernels (stream-gemm, tile-gemm, "
+             "wgmma-gemm); `fp4moe plan --arch sm_90` lists every family's candidates and their labels",
+             label);
+      }
+    }
+  }
 
   std::string why;
   const auto gpus = list_gpus(&why);

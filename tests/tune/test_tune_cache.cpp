@@ -436,6 +436,26 @@ TEST(Tune, AnEmptyConfigLabelIsRejectedBeforeAnythingRuns) {
   }
 }
 
+// A label of no configuration at all (a typo, or an instance this build does not compile) is an
+// error before anything is built, GPU or not; a real one that this GPU may reject is checked
+// later, against the layer's measured registers.
+TEST(Tune, AConfigLabelThatNamesNoConfigurationIsRejectedBeforeAnythingRuns) {
+  for (const char* bad : {"n5 s8 w8", "n4 s8 w12", "wgmma-gemm m4 n1 k1 s4 w8", "tile n8"}) {
+    TuneOptions o;
+    o.layer = small_layer();
+    o.tokens = {1, 4096};
+    o.configs = {"n4 s8 w8", " wgmma-gemm n16 s8 w8", "m4 n1 k1 s4 w8", bad};
+    try {
+      tune_layer(o);
+      FAIL() << bad << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kInvalidArgument) << bad;
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(std::string("'") + bad + "'"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("fp4moe plan"));
+    }
+  }
+}
+
 TEST(TuneCandidates, NothingFeasibleNothingTimed) {
   ArchInfo tiny = arch_by_name("sm_120");
   tiny.smem_per_block_optin = 1024;
