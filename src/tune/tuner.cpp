@@ -26,6 +26,12 @@ bool named(const CandidateVerdict& c, const std::string& label) {
   return label == c.label || label == c.family + " " + c.label;
 }
 
+// Whether `label` names any of `candidates`.
+bool names_any(const std::vector<CandidateVerdict>& candidates, const std::string& label) {
+  return std::any_of(candidates.begin(), candidates.end(),
+                     [&](const CandidateVerdict& c) { return named(c, label); });
+}
+
 struct Job {
   std::int64_t bucket = 0;
   GemmKind gemm = GemmKind::kGateUp;
@@ -101,18 +107,15 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
   // not depend on T) is a typo: say so now, before the layer is built and uploaded (seconds to
   // minutes), and without a GPU. Whether this GPU accepts it is checked once the layer is there.
   if (!configs.empty()) {
-    std::vector<LayerGemmPlan> every;
+    std::vector<CandidateVerdict> every;
     for (const auto kind : {GemmKind::kGateUp, GemmKind::kDown}) {
-      every.push_back(plan_layer_gemm(options.layer, buckets.front(), kind, arch_by_name("sm_90")));
+      for (const Plan& p :
+           plan_layer_gemm(options.layer, buckets.front(), kind, arch_by_name("sm_90")).plans) {
+        every.insert(every.end(), p.candidates.begin(), p.candidates.end());
+      }
     }
     for (const auto& label : configs) {
-      const bool known = std::any_of(every.begin(), every.end(), [&](const LayerGemmPlan& plan) {
-        return std::any_of(plan.plans.begin(), plan.plans.end(), [&](const Plan& p) {
-          return std::any_of(p.candidates.begin(), p.candidates.end(),
-                             [&](const CandidateVerdict& c) { return named(c, label); });
-        });
-      });
-      if (!known) {
+      if (!names_any(every, label)) {
         fail(Errc::kInvalidArgument,
              "configuration '{}' names no configuration of fp4moe's GEMM kernels (stream-gemm, tile-gemm, "
              "wgmma-gemm); `fp4moe plan --arch sm_90` lists every family's candidates and their labels",
@@ -157,10 +160,8 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
   }
   // A configuration asked for by name that no GEMM and bucket accepts is most likely a typo.
   for (const auto& label : configs) {
-    const bool found = std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) {
-      return std::any_of(j.candidates.begin(), j.candidates.end(),
-                         [&](const CandidateVerdict& c) { return named(c, label); });
-    });
+    const bool found =
+        std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) { return names_any(j.candidates, label); });
     if (!found) {
       fail(Errc::kInvalidArgument,
            "configuration '{}' is not one the planner accepts for {} on this GPU at any of the token "
