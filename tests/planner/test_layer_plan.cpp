@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -112,6 +113,33 @@ TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
   EXPECT_EQ(kernels::main_token_blocks(64, 128, 64), 0);
   EXPECT_EQ(kernels::main_token_blocks(256, 128, 64), 2);
   EXPECT_EQ(kernels::main_token_blocks(142, 128, 0), 2);  // no tail launches: ceil
+}
+
+// The routing's scan counts main_token_blocks for the main launch and lists each expert under
+// wgmma_tail_class for the tail launches; together they must cover every token of every expert
+// once: the main launch's blocks (the last one partial only when no tail launch takes it) and at
+// most one tail launch's block of exactly the rest, on an instance wide enough for it.
+TEST(LayerPlan, MainBlocksAndTailLaunchesCoverEveryTokenOnce) {
+  for (const int n_tiles : {4, 8, 16}) {
+    const int block = 8 * n_tiles;
+    const int tail_max = kernels::wgmma_tail_max(n_tiles);
+    for (int count = 1; count <= 4 * block + 1; ++count) {
+      SCOPED_TRACE(testing::Message() << "block " << block << ", count " << count);
+      const int blocks = kernels::main_token_blocks(count, block, tail_max);
+      const int in_main = std::min(count, blocks * block);
+      const int cls = kernels::wgmma_tail_class(count, block, tail_max);
+      const int in_tail = cls < 0 ? 0 : count - in_main;
+      EXPECT_EQ(in_main + in_tail, count);
+      if (cls >= 0) {
+        ASSERT_LT(cls, kernels::wgmma_tail_count(n_tiles));
+        const kernels::WgmmaTail t = kernels::wgmma_tail(n_tiles, cls);
+        EXPECT_GT(in_tail, t.lo);
+        EXPECT_LE(in_tail, t.hi);
+        EXPECT_LE(in_tail, 8 * t.n_tiles);  // fits the tail instance's block
+        EXPECT_EQ(in_main % block, 0);      // the main launch's blocks are all full
+      }
+    }
+  }
 }
 
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
