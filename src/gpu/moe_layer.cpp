@@ -830,7 +830,11 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
   if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
   const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
-  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, false, t.stream); };
+  // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's last
+  // items as it does in a forward (without it the tuner undervalued configurations with tail
+  // launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
+  const bool pdl = m.options.programmatic_launch && m.sm >= 90;
+  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, pdl, t.stream); };
   for (int i = 0; i < warmup; ++i) launch_once();
   // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
   const double one = t.time(launch_once, 1);
