@@ -63,8 +63,13 @@ struct GroupArgs {
   // Per GEMM with tail launches (tb_tail > 0; may be null otherwise): [2][E+P] the experts whose last
   // block tail launch i takes (wgmma_tail_class), ascending, list i from i * (E+P) on; and [2] the
   // length of each list. A tail launch walks only its own experts, spread evenly over its CTAs.
+  // tail_list_offset(i, E+P) is where list i starts: the scan that writes the lists and the launches that
+  // read them both take it from here.
   std::int32_t* tail_experts[2] = {nullptr, nullptr};
   std::int32_t* tail_count[2] = {nullptr, nullptr};
+  static constexpr std::int64_t tail_list_offset(int i, int experts_total) {
+    return static_cast<std::int64_t>(i) * experts_total;
+  }
   std::int32_t* slot_token = nullptr;  // [slots] token of each slot
   std::int32_t* pair_slot = nullptr;   // [T, k+P] slot of each pick (then of each shared piece)
 };

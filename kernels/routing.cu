@@ -235,7 +235,7 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
     int at = 0, both = 0;
     BlockScan<kSmallThreads>(temp).ExclusiveSum(packed, at, both);
     __syncthreads();
-    if (cls >= 0) g.tail_experts[gi][cls * n + ((at >> (16 * cls)) & 0xffff)] = e;
+    if (cls >= 0) g.tail_experts[gi][GroupArgs::tail_list_offset(cls, n) + ((at >> (16 * cls)) & 0xffff)] = e;
     if (e == 0) {
       g.tail_count[gi][0] = both & 0xffff;
       g.tail_count[gi][1] = both >> 16;

@@ -311,7 +311,8 @@ struct MoeLayer::Impl {
     for (std::size_t i = 0; i < tails.size(); ++i) {
       kernels::StreamGemmArgs a = args;
       a.tail_of = c.token_block();
-      a.tail_experts = tail_experts[gi] + static_cast<std::ptrdiff_t>(i) * experts_total;
+      a.tail_experts =
+          tail_experts[gi] + kernels::GroupArgs::tail_list_offset(static_cast<int>(i), experts_total);
       a.n_tail = tail_count[gi] + i;
       launch(a, tails[i].choice, epi, pdl, stream);
     }
