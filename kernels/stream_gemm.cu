@@ -130,10 +130,9 @@ __global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
   const int group = warp / k_split;
   const int kw = warp % k_split;
   // Items go round-robin over the groups group-major: item i of a round to group i / gridDim.x of
-  // CTA i % gridDim.x. A last, partial round then takes one group of every CTA (one CTA per SM
-  // comes first) before a second group of any, so no SM gets more than one item above another.
-  // (CTA-major, a partial round filled the first CTAs' groups: at T=64 on the H200 35 SMs got 16
-  // items of it and the rest 8, and the launch lasted as long as those SMs' work.)
+  // CTA i % gridDim.x, so a last, partial round takes one group of every CTA before a second group
+  // of any (CTA-major, it filled the first CTAs' groups). On the H200 this made T=4 1.01-1.02x
+  // faster and left T=1-64 otherwise unchanged (PERF.md, history 2847285).
   const std::int64_t first_item = static_cast<std::int64_t>(group) * gridDim.x + blockIdx.x;
   const std::int64_t item_stride = static_cast<std::int64_t>(gridDim.x) * groups_per_cta;
   // This warp's share of K, in chunks of 64.

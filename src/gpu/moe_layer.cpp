@@ -122,6 +122,9 @@ struct MoeLayer::Impl {
   int pieces = 0;  // shared-expert pieces (pseudo-experts E .. E+P-1)
   int experts_total = 0;
   std::int64_t stride1 = 0, stride2 = 0;
+  // Whether launches overlap the kernel before them with PDL: the forward's rule, which the tuner
+  // follows too so that it times the launches a forward makes.
+  bool use_pdl() const { return options.programmatic_launch && sm >= 90; }
   DeviceBuffer w1, w2, ps1, ps2, bias1, bias2, correction_bias;
 
   // Workspace.
@@ -655,7 +658,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   FP4MOE_CUDA_CHECK(cudaSetDevice(device));
   const LayerDesc& d = desc;
   const int T = static_cast<int>(tokens);
-  const bool pdl = options.programmatic_launch && sm >= 90;
+  const bool pdl = use_pdl();
 
   const Decision& decision = decide(tokens);
   const GemmChoice& c1 = decision.choice[0];
@@ -834,8 +837,7 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
   // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's last
   // items as it does in a forward (without it the tuner undervalued configurations with tail
   // launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
-  const bool pdl = m.options.programmatic_launch && m.sm >= 90;
-  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, pdl, t.stream); };
+  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream); };
   for (int i = 0; i < warmup; ++i) launch_once();
   // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
   const double one = t.time(launch_once, 1);
