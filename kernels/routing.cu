@@ -228,6 +228,7 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   }
   // Each tail launch's experts (GroupArgs::tail_experts): one scan per GEMM that has tail launches,
   // its two lists' positions packed in 16-bit halves (n <= kSmallThreads).
+  static_assert(kMaxWgmmaTails == 2, "the scan packs one 16-bit position per tail launch");
   for (int gi = 0; gi < 2; ++gi) {
     if (g.tb_tail[gi] == 0) continue;  // the same for every thread
     const int cls = wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi]);

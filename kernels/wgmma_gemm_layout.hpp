@@ -123,6 +123,9 @@ struct WgmmaTail {
 constexpr int wgmma_tail_count(int n_tiles) {
   return n_tiles == 16 ? 2 : (n_tiles == 8 ? 1 : 0);
 }
+// The most tail launches any main launch has: the routing's per-GEMM tail lists and counts are
+// sized for this many (GroupArgs::tail_experts, the layer's workspace).
+inline constexpr int kMaxWgmmaTails = 2;
 constexpr WgmmaTail wgmma_tail(int n_tiles, int i) {
   // i = 0: the widest tail instance, half the main block.
   const int half = n_tiles / 2;
@@ -147,6 +150,7 @@ constexpr int wgmma_tail_class(int count, int block, int tail_max) {
   return -1;
 }
 
+static_assert(wgmma_tail_count(16) <= kMaxWgmmaTails && wgmma_tail_count(8) <= kMaxWgmmaTails);
 static_assert(wgmma_tail_max(16) == 64 && wgmma_tail_max(8) == 32 && wgmma_tail_max(4) == 0);
 static_assert(wgmma_tail(16, 0).n_tiles == 8 && wgmma_tail(16, 0).lo == 32 && wgmma_tail(16, 0).hi == 64);
 static_assert(wgmma_tail(16, 1).n_tiles == 4 && wgmma_tail(16, 1).lo == 0 && wgmma_tail(16, 1).hi == 32);

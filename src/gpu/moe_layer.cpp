@@ -135,8 +135,8 @@ struct MoeLayer::Impl {
   std::int32_t *counts = nullptr, *cursors = nullptr, *offsets = nullptr, *active = nullptr,
                *n_active = nullptr;
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};
-  std::int32_t* tail_experts[2] = {nullptr, nullptr};  // per GEMM [2][E+P] (GroupArgs::tail_experts)
-  std::int32_t* tail_count[2] = {nullptr, nullptr};    // per GEMM [2]
+  std::int32_t* tail_experts[2] = {nullptr, nullptr};  // per GEMM [kMaxWgmmaTails][E+P] (GroupArgs)
+  std::int32_t* tail_count[2] = {nullptr, nullptr};    // per GEMM [kMaxWgmmaTails]
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   std::uint16_t* y = nullptr;  // bf16 [slots, H]: the down GEMM's output per (token, pick)
@@ -490,9 +490,11 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_nactive = carve(4);
   const std::size_t o_tb0 = carve(static_cast<std::size_t>(ne + 1) * 4);
   const std::size_t o_tb1 = carve(static_cast<std::size_t>(ne + 1) * 4);
-  const std::size_t o_tail0 = carve(static_cast<std::size_t>(2 * ne) * 4);
-  const std::size_t o_tail1 = carve(static_cast<std::size_t>(2 * ne) * 4);
-  const std::size_t o_tail_count = carve(4 * 4);
+  const auto tail_list_bytes = static_cast<std::size_t>(
+      kernels::GroupArgs::tail_list_offset(kernels::kMaxWgmmaTails, static_cast<int>(ne)) * 4);
+  const std::size_t o_tail0 = carve(tail_list_bytes);
+  const std::size_t o_tail1 = carve(tail_list_bytes);
+  const std::size_t o_tail_count = carve(2 * kernels::kMaxWgmmaTails * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
@@ -515,7 +517,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.tail_experts[0] = reinterpret_cast<std::int32_t*>(base + o_tail0);
   m.tail_experts[1] = reinterpret_cast<std::int32_t*>(base + o_tail1);
   m.tail_count[0] = reinterpret_cast<std::int32_t*>(base + o_tail_count);
-  m.tail_count[1] = m.tail_count[0] + 2;
+  m.tail_count[1] = m.tail_count[0] + kernels::kMaxWgmmaTails;
   m.slot_token = reinterpret_cast<std::int32_t*>(base + o_slot_token);
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);

@@ -21,7 +21,7 @@ int distance(const CandidateVerdict& a, const CandidateVerdict& b) {
   return d;
 }
 
-// Whether `label` names c: its label, or its family and label ("wgmma-gemm n4 s8 w12").
+// Whether `label` names c: its label, or its family and label ("wgmma-gemm n4 s8 w16").
 bool named(const CandidateVerdict& c, const std::string& label) {
   return label == c.label || label == c.family + " " + c.label;
 }
@@ -89,7 +89,7 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
   require(options.max_configs >= 0, "max_configs = {} must be >= 0 (0: every feasible candidate)",
           options.max_configs);
   const int max_configs = options.max_configs > 0 ? options.max_configs : (options.quick ? 6 : 0);
-  // Configurations by name, as typed: "n4 s8 w12, n4 s6 w8" splits into labels with spaces.
+  // Configurations by name, as typed: "n4 s8 w16, n4 s6 w8" splits into labels with spaces.
   std::vector<std::string> configs;
   for (const auto& label : options.configs) {
     const auto first = label.find_first_not_of(' ');
