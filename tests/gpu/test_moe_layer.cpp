@@ -15,6 +15,7 @@
 #include "fp4moe/error.hpp"
 #include "fp4moe/layer.hpp"
 #include "fp4moe/moe_layer.hpp"
+#include "fp4moe/planner.hpp"
 #include "fp4moe/reference.hpp"
 #include "gpu/gpu_test_util.hpp"
 
@@ -243,6 +244,46 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
       expect_matches_reference(w, layer, 37, 1000 + static_cast<std::uint64_t>(s[0] * 10 + s[1]));
     }
   }
+}
+
+// The stream kernel with many items per warp: T=1000 makes thousands of items against at most
+// 2112 warps on an H200, so each warp's ring runs on across many items (the other stream tests
+// give most warps one item or none). Each check runs two forwards, then the next one another token
+// count. k_split 2 over the first GEMM's 5 chunks gives the group's warps unequal shares; k_split 8
+// leaves warps without K chunks (the down GEMM's K = 256 has 4; the tiny layer's 1).
+void expect_stream_items_are_correct(const LayerDesc& d, std::uint64_t seed) {
+  const LayerWeights w = random_layer_weights(d, seed);
+  // (m_tiles, n_tiles, stages, warps, k_split)
+  const int configs[][5] = {{1, 1, 2, 8, 1}, {4, 1, 5, 8, 1}, {2, 2, 2, 1, 1},
+                            {4, 1, 3, 4, 4}, {1, 2, 3, 8, 2}, {2, 1, 2, 8, 8}};
+  for (const auto& c : configs) {
+    MoeLayerOptions o;
+    o.max_tokens = 1000;
+    o.gemm1 = GemmChoice{GemmKernel::kStream, c[0], c[1], c[2], c[3], c[4]};
+    o.gemm2 = o.gemm1;
+    SCOPED_TRACE(gemm_choice_label(*o.gemm1));
+    const MoeLayer layer(w, o);
+    expect_matches_reference(w, layer, 1000, seed + 1);
+    expect_matches_reference(w, layer, 3, seed + 2);
+    expect_matches_reference(w, layer, 1000, seed + 3, 5);
+  }
+}
+
+TEST(GpuMoeLayer, StreamKernelWithManyItemsPerWarp) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 320;  // 5 chunks
+  d.intermediate = 256;
+  expect_stream_items_are_correct(d, 12);
+}
+
+// The same on a layer small enough for compute-sanitizer (tools/device_check.sh): K = 64, one chunk.
+TEST(GpuMoeLayer, StreamKernelWithManyItemsPerWarpOnATinyLayer) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 64;
+  d.intermediate = 64;
+  expect_stream_items_are_correct(d, 22);
 }
 
 TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
