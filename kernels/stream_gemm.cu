@@ -101,9 +101,10 @@ __device__ __forceinline__ int act_half_offset(int lane, int half) {
 // Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
 // the build's resource report and `fp4moe plan` look kernels up by it.
 template <int MT, int NT, StreamEpilogue EPI>
-// Two CTAs per SM (128 registers a thread) except for 32-token items, whose accumulators and
-// activation fragments need more on some architectures (sm_80, sm_120) and would spill.
-__global__ void __launch_bounds__(256, NT == 4 ? 1 : 2)
+// Up to 512 threads (so at most 128 registers a thread: two 8-warp CTAs or one 16-warp CTA per SM)
+// except for 32-token items, at most 256 threads, whose accumulators and activation fragments need
+// more registers on some architectures (sm_80, sm_120) and would spill.
+__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
     fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int lane = threadIdx.x & 31;

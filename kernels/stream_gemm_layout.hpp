@@ -33,7 +33,7 @@ struct StreamGemmConfig {
   int m_tiles = 1;  // 16-row mma tiles per item (1, 2 or 4)
   int n_tiles = 1;  // 8-token mma tiles per item (1, 2 or 4)
   int stages = 4;   // per-warp pipeline depth
-  int warps = 8;    // warps per CTA
+  int warps = 8;    // warps per CTA (up to 16; 8 with 4 token tiles)
   int k_split = 1;  // warps sharing one item (1, 2, 4 or 8; divides warps)
 
   constexpr bool operator==(const StreamGemmConfig& o) const {
@@ -76,9 +76,12 @@ struct StreamGemmLayout {
     return reduction_offset(c) + static_cast<std::int64_t>(c.warps) * partial_bytes_per_warp(c);
   }
   static constexpr int threads(const StreamGemmConfig& c) { return c.warps * 32; }
+  // Warps per CTA the instance is compiled for: 16 (one CTA of 512 threads, 128 registers each),
+  // or 8 for 4 token tiles, whose instances may take more registers (kernels/stream_gemm.cu).
+  static constexpr int max_warps(int n_tiles) { return n_tiles == 4 ? 8 : 16; }
   // Whether the kernel accepts the shape at all (the planner then checks the device limits).
   static constexpr bool valid(const StreamGemmConfig& c) {
-    return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= 8 &&
+    return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= max_warps(c.n_tiles) &&
            (c.k_split == 1 || c.k_split == 2 || c.k_split == 4 || c.k_split == 8) && c.warps % c.k_split == 0;
   }
 };

@@ -59,6 +59,15 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   const auto budget_for = [&](int ctas_per_sm) {
     return std::min(limits.smem_per_block_optin, limits.smem_per_sm / ctas_per_sm - 1024);
   };
+  const auto deepest = [&](StreamGemmConfig c, std::int64_t budget) {
+    while (c.stages < 8) {
+      StreamGemmConfig next = c;
+      ++next.stages;
+      if (StreamGemmLayout::cta_bytes(next) > budget) break;
+      c = next;
+    }
+    return c;
+  };
   StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};
   std::int64_t budget = budget_for(2);
   const StreamGemmConfig four{m_tiles, n_tiles, 2, 4, k_split};
@@ -66,11 +75,16 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
     c = four;
     budget = budget_for(4);
   }
-  while (c.stages < 8) {
-    StreamGemmConfig next = c;
-    ++next.stages;
-    if (StreamGemmLayout::cta_bytes(next) > budget) break;
-    c = next;
+  c = deepest(c, budget);
+  // Or the same 16 warps as one CTA, where its ring is as deep and K is split at most 2 ways: the
+  // CTA an SM starts first gets the larger share of the issue slots, so with several CTAs the
+  // launch ends with the later ones (PERF.md, timeline). On the H200 16-warp CTAs with the same
+  // K split and stages made the layer 1.025x faster at T=4, 1.028x at T=16 and 1.038x at T=64
+  // (2026-11-30, history); at T=1, where the first GEMM splits K 4 ways, they were not faster.
+  // Only where that was measured: Hopper (the devices that run the wgmma kernel).
+  if (limits.wgmma && k_split <= 2 && n_tiles <= 2 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
+    const StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
+    if (StreamGemmLayout::cta_bytes(one) <= budget_for(1) && one.stages >= c.stages) return one;
   }
   return c;
 }

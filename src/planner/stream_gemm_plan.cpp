@@ -59,8 +59,8 @@ CandidateSpec make_spec(const StreamGemmConfig& c) {
     s.invalid = fmt::format("(m_tiles, n_tiles) = ({}, {}) is not a compiled instance", c.m_tiles, c.n_tiles);
   } else if (!StreamGemmLayout::valid(c)) {
     s.invalid = fmt::format(
-        "stages={} warps={} k_split={}: the kernel takes 2..16 stages, 1..8 warps and a K split "
-        "of 1, 2, 4 or 8 that divides the warps",
+        "stages={} warps={} k_split={}: the kernel takes 2..16 stages, 1..16 warps (1..8 with 4 "
+        "token tiles) and a K split of 1, 2, 4 or 8 that divides the warps",
         c.stages, c.warps, c.k_split);
   }
   return s;

@@ -229,10 +229,12 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   d.intermediate = 192;
   const LayerWeights w = random_layer_weights(d, 10);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
-  // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps).
-  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}};
+  // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps);
+  // 16 warps (one CTA per SM) except with 4 token tiles, whose instances take at most 8.
+  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}, {3, 16, 1}, {2, 16, 4}};
   for (const auto& s : shapes) {
     for (const auto& pp : pipes) {
+      if (pp[1] > 8 && s[1] == 4) continue;
       MoeLayerOptions o;
       o.max_tokens = 128;
       o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
@@ -254,8 +256,8 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
 void expect_stream_items_are_correct(const LayerDesc& d, std::uint64_t seed) {
   const LayerWeights w = random_layer_weights(d, seed);
   // (m_tiles, n_tiles, stages, warps, k_split)
-  const int configs[][5] = {{1, 1, 2, 8, 1}, {4, 1, 5, 8, 1}, {2, 2, 2, 1, 1},
-                            {4, 1, 3, 4, 4}, {1, 2, 3, 8, 2}, {2, 1, 2, 8, 8}};
+  const int configs[][5] = {{1, 1, 2, 8, 1}, {4, 1, 5, 8, 1}, {2, 2, 2, 1, 1},  {4, 1, 3, 4, 4},
+                            {1, 2, 3, 8, 2}, {2, 1, 2, 8, 8}, {4, 1, 4, 16, 1}, {2, 2, 3, 16, 2}};
   for (const auto& c : configs) {
     MoeLayerOptions o;
     o.max_tokens = 1000;

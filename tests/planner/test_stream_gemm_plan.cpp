@@ -345,7 +345,8 @@ TEST(ExplainKernel, BadConfigsAndFamiliesAreNamed) {
   EXPECT_EQ(explain_kernel("stream-gemm", "m1,n1,k1,s8,w8", a).verdict.label, "m1 n1 k1 s8 w8");
   EXPECT_THAT(explain_kernel("stream-gemm", "m3 n1 k1 s8 w8", a).verdict.reason,
               HasSubstr("(m_tiles, n_tiles) = (3, 1) is not a compiled instance"));
-  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k1 s8 w16", a).verdict.reason, HasSubstr("1..8 warps"));
+  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k1 s8 w32", a).verdict.reason, HasSubstr("1..16 warps"));
+  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n4 k1 s2 w16", a).verdict.reason, HasSubstr("1..8 with 4"));
   EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k3 s8 w8", a).verdict.reason,
               HasSubstr("a K split of 1, 2, 4 or 8 that divides the warps"));
   EXPECT_THAT(
