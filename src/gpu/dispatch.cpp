@@ -82,7 +82,7 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   // K split and stages made the layer 1.025x faster at T=4, 1.028x at T=16 and 1.038x at T=64
   // (2026-11-30, history); at T=1, where the first GEMM splits K 4 ways, they were not faster.
   // Only where that was measured: Hopper (the devices that run the wgmma kernel).
-  if (limits.wgmma && k_split <= 2 && n_tiles <= 2 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
+  if (limits.wgmma && k_split <= 2 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
     const StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
     if (StreamGemmLayout::cta_bytes(one) <= budget_for(1) && one.stages >= c.stages) return one;
   }
