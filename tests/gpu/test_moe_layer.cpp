@@ -18,6 +18,7 @@
 #include "fp4moe/planner.hpp"
 #include "fp4moe/reference.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "kernels/stream_gemm_layout.hpp"
 
 namespace fp4moe {
 namespace {
@@ -230,11 +231,11 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   const LayerWeights w = random_layer_weights(d, 10);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
   // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps);
-  // 16 warps (one CTA per SM) except with 4 token tiles, whose instances take at most 8.
+  // 16 warps (one CTA per SM) where the instance takes them (StreamGemmLayout::max_warps).
   const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}, {3, 16, 1}, {2, 16, 4}};
   for (const auto& s : shapes) {
     for (const auto& pp : pipes) {
-      if (pp[1] > 8 && s[1] == 4) continue;
+      if (pp[1] > kernels::StreamGemmLayout::max_warps(s[1])) continue;
       MoeLayerOptions o;
       o.max_tokens = 128;
       o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
