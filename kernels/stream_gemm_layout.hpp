@@ -34,7 +34,7 @@ struct StreamGemmConfig {
   int n_tiles = 1;  // 8-token mma tiles per item (1, 2 or 4)
   int stages = 4;   // per-warp pipeline depth
   int warps = 8;    // warps per CTA (up to 16; 8 with 4 token tiles)
-  int k_split = 1;  // warps sharing one item (1, 2, 4 or 8; divides warps)
+  int k_split = 1;  // warps sharing one item (1, 2, 3, 4 or 8; divides warps)
 
   constexpr bool operator==(const StreamGemmConfig& o) const {
     return m_tiles == o.m_tiles && n_tiles == o.n_tiles && stages == o.stages && warps == o.warps &&
@@ -82,7 +82,8 @@ struct StreamGemmLayout {
   // Whether the kernel accepts the shape at all (the planner then checks the device limits).
   static constexpr bool valid(const StreamGemmConfig& c) {
     return c.stages >= 2 && c.stages <= 16 && c.warps >= 1 && c.warps <= max_warps(c.n_tiles) &&
-           (c.k_split == 1 || c.k_split == 2 || c.k_split == 4 || c.k_split == 8) && c.warps % c.k_split == 0;
+           (c.k_split == 1 || c.k_split == 2 || c.k_split == 3 || c.k_split == 4 || c.k_split == 8) &&
+           c.warps % c.k_split == 0;
   }
 };
 

@@ -30,19 +30,29 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   const int m_tiles = n_tiles == 4 ? 2 : 4;
 
   // Split K over as many warps as it takes to give every resident warp work: at T=1 GLM-5's
-  // first GEMM has 8 experts x 64 row groups = 512 items for 2 x 8 x 132 resident warps.
+  // first GEMM has 8 experts + 1 shared x 64 row groups = 576 items for 16 x 132 resident warps.
   const std::int64_t rows = which == Gemm::kGateUp ? 2 * desc.intermediate : desc.hidden;
   const std::int64_t k = which == Gemm::kGateUp ? desc.hidden : desc.intermediate;
   const std::int64_t tiles = kernels::WeightLayout::groups(rows) * kernels::WeightLayout::kTilesPerGroup;
   const std::int64_t chunks = kernels::WeightLayout::chunks(k);
   // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
-  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue).
-  const double items =
-      active * std::ceil(per_expert / (8.0 * n_tiles)) * static_cast<double>(tiles / m_tiles);
-  const double resident_warps = static_cast<double>(limits.sm_count) * 16.0;
+  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue). The shared
+  // expert's pieces see every token.
+  const double row_blocks = static_cast<double>(tiles / m_tiles);
+  const double pieces =
+      desc.shared_intermediate > 0
+          ? std::ceil(static_cast<double>(desc.shared_intermediate) / static_cast<double>(desc.intermediate))
+          : 0.0;
+  const double items = (active * std::ceil(per_expert / (8.0 * n_tiles)) +
+                        pieces * std::ceil(static_cast<double>(tokens) / (8.0 * n_tiles))) *
+                       row_blocks;
+  // A 3-way split runs as one CTA of 15 warps per SM (five groups), only where measured: Hopper.
+  const bool three_way = limits.wgmma && StreamGemmLayout::max_warps(n_tiles) >= 15;
   int k_split = 1;
   double best = 0.0;
-  for (int ks = 1; ks <= 8 && ks <= chunks; ks *= 2) {
+  for (int ks : {1, 2, 3, 4, 8}) {
+    if (ks > chunks || (ks == 3 && !three_way)) continue;
+    const double resident_warps = static_cast<double>(limits.sm_count) * (ks == 3 ? 15.0 : 16.0);
     const double rounds = std::ceil(items * ks / resident_warps);
     const double cost = rounds * (std::ceil(static_cast<double>(chunks) / ks) + 4.0);
     if (ks == 1 || cost < best) {
@@ -68,6 +78,15 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
     }
     return c;
   };
+  if (k_split == 3) {
+    // GLM-5's first GEMM at T=1: 576 items in one round on 660 groups (32 chunks a warp) instead
+    // of a 4-way split's 528 groups, 48 of which took a second item (PERF.md, timeline); at T=2,
+    // 1088 items instead of a 2-way split's 1056 groups and its 32-item second round. On the H200
+    // the layer was 1.023x faster at T=1 and 1.092x at T=2, at par at T=4-256 (2026-11-30).
+    const StreamGemmConfig fifteen = deepest({m_tiles, n_tiles, 2, 15, 3}, budget_for(1));
+    if (StreamGemmLayout::cta_bytes(fifteen) <= budget_for(1)) return fifteen;
+    k_split = 4;  // no room for 15 warps with 2 stages: split 4 ways instead
+  }
   StreamGemmConfig c{m_tiles, n_tiles, 2, 8, k_split};
   std::int64_t budget = budget_for(2);
   const StreamGemmConfig four{m_tiles, n_tiles, 2, 4, k_split};

@@ -60,7 +60,7 @@ CandidateSpec make_spec(const StreamGemmConfig& c) {
   } else if (!StreamGemmLayout::valid(c)) {
     s.invalid = fmt::format(
         "stages={} warps={} k_split={}: the kernel takes 2..16 stages, 1..16 warps (1..8 with 4 "
-        "token tiles) and a K split of 1, 2, 4 or 8 that divides the warps",
+        "token tiles) and a K split of 1, 2, 3, 4 or 8 that divides the warps",
         c.stages, c.warps, c.k_split);
   }
   return s;
@@ -188,7 +188,8 @@ std::vector<StreamGemmConfig> stream_gemm_candidates() {
       for (int k_split : kStreamGemmKSplits) {
         for (int stages : kStreamGemmStages) {
           const StreamGemmConfig c{shape[0], shape[1], stages, warps, k_split};
-          if (StreamGemmLayout::valid(c)) out.push_back(c);
+          // 15 warps only as five groups of a 3-way split (the dispatcher's use of it).
+          if (StreamGemmLayout::valid(c) && (warps == 15) == (k_split == 3)) out.push_back(c);
         }
       }
     }

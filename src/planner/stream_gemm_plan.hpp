@@ -16,8 +16,8 @@ namespace fp4moe::planner {
 // Stages, warps and the K split are launch-time values (kernel arguments and the block size):
 // the candidates are those of these that StreamGemmLayout::valid accepts.
 inline constexpr int kStreamGemmStages[] = {2, 3, 4, 6, 8};
-inline constexpr int kStreamGemmWarps[] = {4, 8, 16};
-inline constexpr int kStreamGemmKSplits[] = {1, 2, 4, 8};
+inline constexpr int kStreamGemmWarps[] = {4, 8, 15, 16};
+inline constexpr int kStreamGemmKSplits[] = {1, 2, 3, 4, 8};
 
 // Every candidate, in the order the plan lists them.
 std::vector<kernels::StreamGemmConfig> stream_gemm_candidates();

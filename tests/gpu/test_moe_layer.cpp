@@ -231,8 +231,10 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   const LayerWeights w = random_layer_weights(d, 10);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}, {1, 4}, {2, 4}};
   // (stages, warps, k_split): k_split 8 exceeds the 5 K chunks of the first GEMM (idle warps);
-  // 16 warps (one CTA per SM) where the instance takes them (StreamGemmLayout::max_warps).
-  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1}, {3, 8, 2}, {2, 4, 4}, {3, 8, 8}, {3, 16, 1}, {2, 16, 4}};
+  // 16 warps (one CTA per SM) where the instance takes them (StreamGemmLayout::max_warps); 15 as
+  // five 3-way groups (shares of 1, 2 and 2 of the first GEMM's 5 chunks).
+  const int pipes[][3] = {{2, 1, 1}, {5, 8, 1},  {3, 8, 2},  {2, 4, 4},
+                          {3, 8, 8}, {3, 16, 1}, {2, 16, 4}, {2, 15, 3}};
   for (const auto& s : shapes) {
     for (const auto& pp : pipes) {
       if (pp[1] > kernels::StreamGemmLayout::max_warps(s[1])) continue;
@@ -257,8 +259,9 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
 void expect_stream_items_are_correct(const LayerDesc& d, std::uint64_t seed) {
   const LayerWeights w = random_layer_weights(d, seed);
   // (m_tiles, n_tiles, stages, warps, k_split)
-  const int configs[][5] = {{1, 1, 2, 8, 1}, {4, 1, 5, 8, 1}, {2, 2, 2, 1, 1},  {4, 1, 3, 4, 4},
-                            {1, 2, 3, 8, 2}, {2, 1, 2, 8, 8}, {4, 1, 4, 16, 1}, {2, 2, 3, 16, 2}};
+  const int configs[][5] = {{1, 1, 2, 8, 1},  {4, 1, 5, 8, 1}, {2, 2, 2, 1, 1},  {4, 1, 3, 4, 4},
+                            {1, 2, 3, 8, 2},  {2, 1, 2, 8, 8}, {4, 1, 4, 16, 1}, {2, 2, 3, 16, 2},
+                            {4, 1, 4, 15, 3}, {1, 2, 2, 15, 3}};
   for (const auto& c : configs) {
     MoeLayerOptions o;
     o.max_tokens = 1000;

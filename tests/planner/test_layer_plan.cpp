@@ -142,6 +142,23 @@ TEST(LayerPlan, MainBlocksAndTailLaunchesCoverEveryTokenOnce) {
   }
 }
 
+// The stream kernel's K split: the items counted with the shared expert's (9 x 64 at T=1, 17 x 64
+// at T=2), and a 3-way split in one 15-warp CTA per SM where that gives every item a group in
+// one round (Hopper only); the picks measured on the H200 at T=1-4 (PERF.md).
+TEST(LayerPlan, TheDispatcherSplitsKThreeWaysWhereThatTakesOneRound) {
+  const auto& a = arch_by_name("sm_90");
+  const LayerDesc g = layer_preset("glm5");  // with its shared expert
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kGateUp, a)), "m4 n1 k3 s4 w15");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 2, GemmKind::kGateUp, a)), "m4 n1 k3 s4 w15");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kGateUp, a)), "m4 n1 k1 s4 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
+  // Without the shared expert T=1 has 512 items: a 4-way split's 528 groups take them in one round.
+  EXPECT_EQ(gemm_choice_label(dispatcher(glm5(), 1, GemmKind::kGateUp, a)), "m4 n1 k4 s3 w4");
+  // Not where it was not measured: sm_89 splits T=1's first GEMM 8 ways in 8-warp CTAs.
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kGateUp, arch_by_name("sm_89"))), "m4 n1 k8 s2 w8");
+}
+
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
   const auto& a = arch_by_name("sm_90");
   // 256 registers per thread (more than the 255 a thread may have) for every stream instance of

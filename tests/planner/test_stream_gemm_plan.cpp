@@ -348,7 +348,10 @@ TEST(ExplainKernel, BadConfigsAndFamiliesAreNamed) {
   EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k1 s8 w32", a).verdict.reason, HasSubstr("1..16 warps"));
   EXPECT_THAT(explain_kernel("stream-gemm", "m1 n4 k1 s2 w16", a).verdict.reason, HasSubstr("1..8 with 4"));
   EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k3 s8 w8", a).verdict.reason,
-              HasSubstr("a K split of 1, 2, 4 or 8 that divides the warps"));
+              HasSubstr("a K split of 1, 2, 3, 4 or 8 that divides the warps"));
+  EXPECT_THAT(explain_kernel("stream-gemm", "m1 n1 k5 s8 w15", a).verdict.reason,
+              HasSubstr("a K split of 1, 2, 3, 4 or 8 that divides the warps"));
+  EXPECT_EQ(explain_kernel("stream-gemm", "m4 n1 k3 s4 w15", a).verdict.reason, "");
   EXPECT_THAT(
       error_of([&] { plan_kernels("prefill-gemm", make_gemm_problem(glm5(), 1, GemmKind::kDown), a); }),
       HasSubstr("unknown kernel family 'prefill-gemm' (known: stream-gemm, tile-gemm, wgmma-gemm)"));
