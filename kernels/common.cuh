@@ -97,6 +97,14 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// Asks L2 to fetch [src, src + bytes) from memory (src 16-byte aligned, bytes a multiple of 16):
+// a hint that returns nothing and waits for nothing. sm_90+ (cp.async.bulk.prefetch); older GPUs
+// skip it.
+__device__ __forceinline__ void prefetch_l2(const void* src, std::uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

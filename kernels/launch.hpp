@@ -117,6 +117,12 @@ struct StreamGemmArgs {
   int tail_of = 0;
   const std::int32_t* tail_experts = nullptr;
   const std::int32_t* n_tail = nullptr;
+  // Stream kernel only. > 0: before waiting for the previous kernel, each warp prefetches into L2
+  // the weights of up to this many of its first item's K chunks (cp.async.bulk.prefetch, sm_90+).
+  // Set only for a launch whose routing and grouping inputs are complete when it starts: GEMM2,
+  // launched (PDL) after GEMM1, which starts only once routing has completed. On the H200 its CTAs
+  // become resident while GEMM1's last items run and the memory system has bandwidth to spare.
+  int l2_prefetch_chunks = 0;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2

@@ -87,6 +87,30 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   return v;
 }
 
+// Prefetches into L2 the weights of up to p.l2_prefetch_chunks K chunks [kb, ...) of work item
+// `item`: whole 2304-byte blocks of its row group, so with MT < 4 only the warp of the group's
+// first tiles issues it, for the group's other items as well. Called before the PDL wait, so it
+// reads routing's outputs then: only for launches that start after routing completed
+// (StreamGemmArgs::l2_prefetch_chunks). Nothing it reads decides a result.
+template <int MT>
+__device__ __forceinline__ void prefetch_item_weights(const StreamGemmArgs& p, std::int64_t item, int kb,
+                                                      int ke) {
+  const int n_active = *p.n_active;
+  if (item >= static_cast<std::int64_t>(p.tb_prefix[n_active]) * p.row_blocks) return;
+  const int pb = static_cast<int>(item / p.row_blocks);
+  const int rb = static_cast<int>(item % p.row_blocks);
+  if (rb % (WeightLayout::kTilesPerGroup / MT) != 0) return;
+  int a = 0;
+  while (a + 1 < n_active && p.tb_prefix[a + 1] <= pb) ++a;
+  const int chunks = min(ke - kb, p.l2_prefetch_chunks);
+  if (chunks <= 0) return;
+  const std::uint8_t* src =
+      p.weights + static_cast<std::int64_t>(p.active[a]) * p.expert_stride +
+      (static_cast<std::int64_t>(rb * MT / WeightLayout::kTilesPerGroup) * p.n_chunks + kb) *
+          WeightLayout::kBlockBytes;
+  prefetch_l2(src, static_cast<std::uint32_t>(chunks * WeightLayout::kBlockBytes));
+}
+
 // Named barrier for the k_split warps of one group (ids 1..8; 0 is __syncthreads).
 __device__ __forceinline__ void group_barrier(int group, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(threads) : "memory");
@@ -119,6 +143,16 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
   constexpr int kScaleOff = MT * StreamGemmLayout::kWeightTileBytes;
   constexpr int kActOff = kScaleOff + MT * StreamGemmLayout::kScaleTileBytes;
   static_assert(kActOff == StreamGemmLayout::act_offset({MT, NT, 2, 1, 1}), "layout drift");
+
+  // While the previous kernel runs on: this warp's first weights into L2 (see the args). The
+  // first item and K share are those of the loop below. Compiled into GEMM2's instances only (the
+  // bf16-store epilogue), so GEMM1's code stays as it was: ptxas, at its 128-register cap there,
+  // scheduled GEMM1's chunk loop 2% longer with it.
+  if (EPI == StreamEpilogue::kStoreBf16 && p.l2_prefetch_chunks > 0 && lane == 0) {
+    const int kw0 = warp % k_split;
+    prefetch_item_weights<MT>(p, static_cast<std::int64_t>(warp / k_split) * gridDim.x + blockIdx.x,
+                              p.n_chunks * kw0 / k_split, p.n_chunks * (kw0 + 1) / k_split);
+  }
 
   // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
   // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.

@@ -68,6 +68,9 @@ struct MoeLayerOptions {
   std::int64_t max_tokens = 4096;   // the largest T a forward accepts (sizes the workspace)
   int device = -1;                  // CUDA device; -1: the current one
   bool programmatic_launch = true;  // overlap kernel launches with PDL on sm_90+
+  // With PDL on sm_90+: a decode-path (stream kernel) GEMM2 prefetches the first weights of its
+  // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
+  bool l2_prefetch = true;
   // Force a kernel configuration for every forward (tests, tuning); unset: the layer decides
   // (planner::pick_layer_gemm: the tune cache, else the dispatcher's heuristics, each only if the
   // planner accepts it). A forced configuration the planner rejects makes the constructor throw.

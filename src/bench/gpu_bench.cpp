@@ -393,6 +393,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   progress("uploading fp4moe weights");
   MoeLayerOptions lo;
   lo.max_tokens = max_t;
+  lo.l2_prefetch = options.l2_prefetch;
   const MoeLayer layer(w, lo);
 
   std::unique_ptr<Bf16Layer> bf16;

@@ -42,7 +42,7 @@ void register_bench(CLI::App& app) {
     LayerShapeOptions layer;
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4;
-    bool no_baseline = false, cpu = false, stages = false;
+    bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false;
     std::uint64_t seed = 1;
     std::string json;
   };
@@ -59,6 +59,8 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--stages", o->stages,
                 "Also time each stage of the forward in place (routing, gather, gate/up, down, finalize: "
                 "differences of forwards stopped after each; GPU only)");
+  cmd->add_flag("--no-l2-prefetch", o->no_l2_prefetch,
+                "Turn off the decode GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; for A/B runs)");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->callback([o, cmd] {
@@ -88,6 +90,7 @@ void register_bench(CLI::App& app) {
     require(!o->stages || gpu, "--stages times the GPU kernels; this run has no GPU ({})",
             o->cpu ? "--cpu given" : why);
     b.stages = o->stages;
+    b.l2_prefetch = !o->no_l2_prefetch;
     b.seed = o->seed;
     b.cpu = o->cpu;
     const bench::BenchReport r =

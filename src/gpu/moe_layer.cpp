@@ -125,6 +125,19 @@ struct MoeLayer::Impl {
   // Whether launches overlap the kernel before them with PDL: the forward's rule, which the tuner
   // follows too so that it times the launches a forward makes.
   bool use_pdl() const { return options.programmatic_launch && sm >= 90; }
+  std::int64_t l2_bytes = 0;
+  // K chunks of its first item whose weights each warp of a stream-kernel GEMM2 prefetches into L2
+  // before its PDL wait (StreamGemmArgs::l2_prefetch_chunks): half the L2 over the grid's warps,
+  // so that what is fetched while GEMM1 finishes is still there when GEMM2 reads it. 0: none (off,
+  // no PDL, another kernel, or GEMM1, whose routing inputs are not complete when it starts).
+  int l2_prefetch_chunks(gpu::Gemm which, const GemmChoice& c) const {
+    if (!options.l2_prefetch || !use_pdl() || which != gpu::Gemm::kDown || c.kernel != GemmKernel::kStream) {
+      return 0;
+    }
+    const std::int64_t warps = static_cast<std::int64_t>(grid(c, epilogue(which))) * c.warps;
+    const std::int64_t chunks = (l2_bytes / 2) / (warps * WeightLayout::kBlockBytes);
+    return static_cast<int>(std::min<std::int64_t>(chunks, WeightLayout::chunks(desc.intermediate)));
+  }
   DeviceBuffer w1, w2, ps1, ps2, bias1, bias2, correction_bias;
 
   // Workspace.
@@ -383,6 +396,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   }
   m.device = dev;
   m.sm = gi.sm();
+  m.l2_bytes = gi.l2_bytes;
   m.limits = {gi.sm_count, gi.smem_per_block_optin, gi.smem_per_sm, kernels::wgmma_supported()};
   m.arch = arch_from_gpu(gi);
   if (m.arch.wgmma && !m.limits.wgmma) {
@@ -644,6 +658,7 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.out = y;
     g.out_ld = H;
   }
+  g.l2_prefetch_chunks = l2_prefetch_chunks(which, c);
   return g;
 }
 
@@ -747,11 +762,14 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
     }
     return s;
   };
-  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}{}; down GEMM: {} [{}], grid {}{}; finalize",
+  const int prefetch = m.l2_prefetch_chunks(gpu::Gemm::kDown, p2.choice);
+  const std::string l2 =
+      prefetch > 0 ? fmt::format(", {} K chunks per warp prefetched into L2 during gate/up", prefetch) : "";
+  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}{}; down GEMM: {} [{}], grid {}{}{}; finalize",
                      tokens, small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(),
                      p1.why, m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)),
                      tails(gpu::Gemm::kGateUp, p1.choice), p2.choice.to_string(), p2.why,
-                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), tails(gpu::Gemm::kDown, p2.choice));
+                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), l2, tails(gpu::Gemm::kDown, p2.choice));
 }
 
 namespace gpu {

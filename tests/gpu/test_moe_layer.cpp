@@ -292,6 +292,38 @@ TEST(GpuMoeLayer, StreamKernelWithManyItemsPerWarpOnATinyLayer) {
   expect_stream_items_are_correct(d, 22);
 }
 
+// GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; sm_90+ with PDL) reads routing's outputs
+// before its PDL wait and only to name addresses: the results are bitwise those without it. Row
+// blocks of 16, 32 and 64 rows (one warp prefetches a row group's blocks for all of them), 3- and
+// 2-way K splits, and token counts that give warps no item, one, or many.
+TEST(GpuMoeLayer, L2PrefetchChangesNoResult) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.hidden = 320;
+  d.intermediate = 256;
+  d.shared_intermediate = 256;
+  const LayerWeights w = random_layer_weights(d, 30);
+  const int configs[][5] = {{4, 1, 4, 15, 3}, {1, 1, 3, 16, 2}, {2, 2, 2, 8, 1}};
+  for (const auto& c : configs) {
+    MoeLayerOptions on;
+    on.max_tokens = 1000;
+    on.gemm1 = GemmChoice{GemmKernel::kStream, c[0], c[1], c[2], c[3], c[4]};
+    on.gemm2 = on.gemm1;
+    MoeLayerOptions off = on;
+    off.l2_prefetch = false;
+    SCOPED_TRACE(gemm_choice_label(*on.gemm1));
+    const MoeLayer with(w, on), without(w, off);
+    for (std::int64_t t : {1, 37, 1000}) {
+      expect_matches_reference(w, with, t, 3000 + static_cast<std::uint64_t>(t));
+      const auto x =
+          test::random_bf16(static_cast<std::size_t>(t * d.hidden), 3100 + static_cast<std::uint64_t>(t));
+      const auto logits = make_logits(d, t, 3200 + static_cast<std::uint64_t>(t));
+      const GpuRun a = run_gpu(with, x, logits, t), b = run_gpu(without, x, logits, t);
+      EXPECT_TRUE(std::equal(a.out.begin(), a.out.end(), b.out.begin())) << "T=" << t << ": outputs differ";
+    }
+  }
+}
+
 TEST(GpuMoeLayer, EveryCompiledTileConfigIsCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
