@@ -82,8 +82,10 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
     // GLM-5's first GEMM at T=1: 576 items in one round on 660 groups (32 chunks a warp) instead
     // of a 4-way split's 528 groups, 48 of which took a second item (PERF.md, timeline); at T=2,
     // 1088 items instead of a 2-way split's 1056 groups and its 32-item second round. On the H200
-    // the layer was 1.023x faster at T=1 and 1.092x at T=2, at par at T=4-256 (2026-11-30).
-    const StreamGemmConfig fifteen = deepest({m_tiles, n_tiles, 2, 15, 3}, budget_for(1));
+    // the layer was 1.023x faster at T=1 and 1.092x at T=2, at par at T=4-256 (2026-11-30). With
+    // 2 stages, not the deepest ring: the H200 tuner timed GLM-5's first GEMM at 39.4 us with 2
+    // against 40.7 with 4 at T=1, 69.6 against 70.5 at T=2.
+    const StreamGemmConfig fifteen{m_tiles, n_tiles, 2, 15, 3};
     if (StreamGemmLayout::cta_bytes(fifteen) <= budget_for(1)) return fifteen;
     k_split = 4;  // no room for 15 warps with 2 stages: split 4 ways instead
   }

@@ -148,8 +148,8 @@ TEST(LayerPlan, MainBlocksAndTailLaunchesCoverEveryTokenOnce) {
 TEST(LayerPlan, TheDispatcherSplitsKThreeWaysWhereThatTakesOneRound) {
   const auto& a = arch_by_name("sm_90");
   const LayerDesc g = layer_preset("glm5");  // with its shared expert
-  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kGateUp, a)), "m4 n1 k3 s4 w15");
-  EXPECT_EQ(gemm_choice_label(dispatcher(g, 2, GemmKind::kGateUp, a)), "m4 n1 k3 s4 w15");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kGateUp, a)), "m4 n1 k3 s2 w15");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 2, GemmKind::kGateUp, a)), "m4 n1 k3 s2 w15");
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kGateUp, a)), "m4 n1 k1 s4 w16");
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
