@@ -45,6 +45,9 @@ struct GemmProblem {
   // least one token, and each of those gets T*k / active tokens on average.
   double active_experts = 0;
   double tokens_per_expert = 0;
+  // The shared expert's pieces (LayerDesc::shared_intermediate in slices of intermediate), each a
+  // pseudo-expert that every one of the T tokens goes to: more items and weights for both GEMMs.
+  std::int64_t shared_pieces = 0;
 
   // "gate_up N=4096 K=6144, 256 experts top-8, 16 tokens: 106.9 active experts x 1.20 tokens"
   std::string to_string() const;

@@ -45,9 +45,11 @@ GemmKind parse_gemm_kind(std::string_view name) {
 }
 
 std::string GemmProblem::to_string() const {
-  return fmt::format("{} N={} K={} {}, {} experts top-{}, {} tokens: {:.1f} active experts x {:.2f} tokens",
+  const std::string shared =
+      shared_pieces > 0 ? fmt::format(" + {} shared x {} tokens", shared_pieces, tokens) : std::string();
+  return fmt::format("{} N={} K={} {}, {} experts top-{}, {} tokens: {:.1f} active experts x {:.2f} tokens{}",
                      gemm_kind_name(kind), n, k, format_name(format), experts, top_k, tokens, active_experts,
-                     tokens_per_expert);
+                     tokens_per_expert, shared);
 }
 
 GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmKind kind) {
@@ -67,6 +69,9 @@ GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmK
   // At least one expert is active; the expectation can round below 1 only through floating point.
   p.active_experts = std::max(1.0, e * (1.0 - miss));
   p.tokens_per_expert = static_cast<double>(tokens * layer.top_k) / p.active_experts;
+  p.shared_pieces = layer.shared_intermediate > 0
+                        ? (layer.shared_intermediate + layer.intermediate - 1) / layer.intermediate
+                        : 0;
   return p;
 }
 
@@ -364,7 +369,8 @@ nlohmann::json problem_to_json(const GemmProblem& p) {
           {"tokens", p.tokens},
           {"format", std::string(format_name(p.format))},
           {"active_experts", p.active_experts},
-          {"tokens_per_expert", p.tokens_per_expert}};
+          {"tokens_per_expert", p.tokens_per_expert},
+          {"shared_pieces", p.shared_pieces}};
 }
 
 std::string render_plan(const Plan& plan, int top, int pick, std::string_view chosen_word) {

@@ -120,7 +120,11 @@ class StreamGemmFamily final : public KernelFamily {
     const double chunks = std::ceil(static_cast<double>(p.k) / StreamGemmLayout::kChunkK);
     const double row_blocks = rows / (16.0 * c.m_tiles);
     const double blocks_per_expert = std::ceil(p.tokens_per_expert / (8.0 * c.n_tiles));
-    const double items = std::max(1.0, std::ceil(p.active_experts * blocks_per_expert * row_blocks));
+    // The shared expert's pieces take every token: their token blocks add items of their own.
+    const double shared = static_cast<double>(p.shared_pieces);
+    const double shared_blocks = shared * std::ceil(static_cast<double>(p.tokens) / (8.0 * c.n_tiles));
+    const double items =
+        std::max(1.0, std::ceil((p.active_experts * blocks_per_expert + shared_blocks) * row_blocks));
     // Bytes one work item streams, per 64-value chunk of K: its weight rows and scales, and its
     // real tokens' activations (padding rows of a token block are not loaded).
     const double weight_chunk =
@@ -130,9 +134,10 @@ class StreamGemmFamily final : public KernelFamily {
     // DRAM: every active expert's weights once (further token blocks re-read them from L2), the
     // activations once, the outputs once: gate_up writes SwiGLU(gate, up) in bf16 (N/2 values per
     // slot), down writes bf16.
-    const double slots = static_cast<double>(p.tokens * p.top_k);
+    const double slots = static_cast<double>(p.tokens) * static_cast<double>(p.top_k + p.shared_pieces);
     const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 2.0;
-    const double dram = p.active_experts * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
+    const double dram =
+        (p.active_experts + shared) * row_blocks * weight_chunk * chunks + slots * p.k * 2.0 + out_bytes;
     const double dram_item = dram / items;
     // Every mma of an item runs, padding tokens of its token tiles included.
     const double item_flops = 2.0 * 16.0 * c.m_tiles * 8.0 * c.n_tiles * chunks * StreamGemmLayout::kChunkK;

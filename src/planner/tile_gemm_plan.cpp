@@ -119,7 +119,11 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
   const double chunks = std::ceil(static_cast<double>(p.k) / kChunkK);
   const double row_blocks = std::ceil(groups * kRowGroup / rows);
   const double token_blocks = std::ceil(p.tokens_per_expert / tokens);
-  const double items = std::max(1.0, std::ceil(p.active_experts * token_blocks * row_blocks));
+  // The shared expert's pieces take every token: their token blocks add items of their own.
+  const double shared = static_cast<double>(p.shared_pieces);
+  const double shared_blocks = shared * std::ceil(static_cast<double>(p.tokens) / tokens);
+  const double items =
+      std::max(1.0, std::ceil((p.active_experts * token_blocks + shared_blocks) * row_blocks));
   // An item streams its row block's weight blocks and its real tokens' activation rows per chunk
   // (the last row block of an expert holds only the groups that are left).
   const double item_groups = groups / row_blocks;
@@ -129,10 +133,10 @@ CostEstimate prefill_cost(const PrefillShape& shape, const GemmProblem& p, const
   const double item_flops = 2.0 * rows * tokens * chunks * kChunkK;
   // DRAM: every active expert's weights once, the activations once, the outputs once (gate_up:
   // SwiGLU in bf16, N/2 values per slot; down: bf16), and the family's extra bytes.
-  const double slots = static_cast<double>(p.tokens * p.top_k);
+  const double slots = static_cast<double>(p.tokens) * static_cast<double>(p.top_k + p.shared_pieces);
   const double out_bytes = p.kind == GemmKind::kGateUp ? slots * (p.n / 2.0) * 2.0 : slots * p.n * 2.0;
-  const double dram = p.active_experts * groups * chunks * TileGemmLayout::kBlockBytes + slots * p.k * 2.0 +
-                      out_bytes + shape.extra_dram_bytes;
+  const double dram = (p.active_experts + shared) * groups * chunks * TileGemmLayout::kBlockBytes +
+                      slots * p.k * 2.0 + out_bytes + shape.extra_dram_bytes;
   // Items go to the resident CTAs in waves. A wave of b busy CTAs takes the longest of its DRAM
   // bytes, its L2->SM bytes, one CTA's chunks at the latency-bound rate of its ring (`stages`
   // chunks per memory latency), its mma work at the family's rate and its weight decode at the

@@ -39,6 +39,36 @@ TEST(GemmProblem, ShapesAndRoutingStatistics) {
   EXPECT_NEAR(down.tokens_per_expert, 8000.0 / down.active_experts, 1e-12);
   EXPECT_EQ(up.to_string(),
             "gate_up N=4096 K=6144 nvfp4, 256 experts top-8, 1 tokens: 8.0 active experts x 1.00 tokens");
+  EXPECT_EQ(up.shared_pieces, 0);
+}
+
+// The shared expert is a pseudo-expert of every token (two pieces when it is wider than a routed
+// one): it adds items and weight bytes to the estimates. GLM-5's first GEMM at T=1 has 9 x 64
+// items of 64 rows, the number the 3-way split is sized for (the dispatcher's own count).
+TEST(GemmProblem, TheSharedExpertCountsInTheEstimates) {
+  LayerDesc g = glm5();
+  g.shared_intermediate = 2048;
+  const auto up = make_gemm_problem(g, 1, GemmKind::kGateUp);
+  EXPECT_EQ(up.shared_pieces, 1);
+  EXPECT_EQ(up.to_string(),
+            "gate_up N=4096 K=6144 nvfp4, 256 experts top-8, 1 tokens: 8.0 active experts x 1.00 tokens + 1 "
+            "shared x 1 tokens");
+  g.shared_intermediate = 4096;
+  EXPECT_EQ(make_gemm_problem(g, 1, GemmKind::kDown).shared_pieces, 2);
+  const auto& a = arch_by_name("sm_90");
+  const auto cost_of = [&](const LayerDesc& l) {
+    const auto p = planner::plan_stream_gemm(l, 1, GemmKind::kGateUp, a, &kNoResources);
+    for (const auto& c : p.plan.candidates) {
+      if (c.label == "m4 n1 k3 s2 w15") return c;
+    }
+    ADD_FAILURE() << "no m4 n1 k3 s2 w15 candidate";
+    return CandidateVerdict{};
+  };
+  g.shared_intermediate = 2048;
+  const CandidateVerdict with = cost_of(g), without = cost_of(glm5());
+  EXPECT_THAT(with.cost_how, HasSubstr("576 items on 660 groups of 3 warp(s)"));
+  EXPECT_THAT(without.cost_how, HasSubstr("512 items on 660 groups of 3 warp(s)"));
+  EXPECT_GT(with.cost_us, without.cost_us);
 }
 
 TEST(GemmProblem, BadValuesAreNamed) {
