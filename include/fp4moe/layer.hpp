@@ -63,6 +63,13 @@ struct LayerDesc {
   // One line, e.g. "H=6144 I=2048 E=256 top-8 sigmoid-group(groups 1/1, scale 2.5) swiglu nvfp4 shared
   // I=2048".
   std::string to_string() const;
+  // The shared expert as pseudo-experts of the routed experts' size: ceil(shared_intermediate /
+  // intermediate) pieces, each taking every token (0 without a shared expert).
+  std::int64_t shared_pieces() const noexcept {
+    return shared_intermediate > 0 && intermediate > 0
+               ? (shared_intermediate + intermediate - 1) / intermediate
+               : 0;
+  }
 };
 
 // Real model shapes: glm5, glm45, deepseek-v3, kimi-k2, qwen3-235b, qwen3-30b, gpt-oss-120b,

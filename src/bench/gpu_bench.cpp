@@ -169,7 +169,7 @@ class Bf16Layer {
  public:
   Bf16Layer(const LayerWeights& w, std::int64_t max_tokens, cudaStream_t s) : d_(w.desc) {
     const std::int64_t H = d_.hidden, I = d_.intermediate;
-    pieces_ = d_.shared_intermediate > 0 ? static_cast<int>((d_.shared_intermediate + I - 1) / I) : 0;
+    pieces_ = static_cast<int>(d_.shared_pieces());
     ne_ = static_cast<int>(d_.experts) + pieces_;
     w1_ = Buf<std::uint16_t>(static_cast<std::size_t>(ne_ * 2 * I * H));
     w2_ = Buf<std::uint16_t>(static_cast<std::size_t>(ne_ * H * I));
@@ -208,9 +208,7 @@ class Bf16Layer {
   ~Bf16Layer() { cublasDestroy(handle_); }
 
   static std::int64_t weight_bytes(const LayerDesc& d) {
-    const std::int64_t pieces =
-        d.shared_intermediate > 0 ? (d.shared_intermediate + d.intermediate - 1) / d.intermediate : 0;
-    return (d.experts + pieces) * 3 * d.hidden * d.intermediate * 2;
+    return (d.experts + d.shared_pieces()) * 3 * d.hidden * d.intermediate * 2;
   }
 
   // Routes once (synchronously) to learn the per-expert counts, then captures the forward.

@@ -39,10 +39,7 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue). The shared
   // expert's pieces see every token.
   const double row_blocks = static_cast<double>(tiles / m_tiles);
-  const double pieces =
-      desc.shared_intermediate > 0
-          ? std::ceil(static_cast<double>(desc.shared_intermediate) / static_cast<double>(desc.intermediate))
-          : 0.0;
+  const double pieces = static_cast<double>(desc.shared_pieces());
   const double items = (active * std::ceil(per_expert / (8.0 * n_tiles)) +
                         pieces * std::ceil(static_cast<double>(tokens) / (8.0 * n_tiles))) *
                        row_blocks;

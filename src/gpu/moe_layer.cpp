@@ -409,7 +409,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   if (options.gemm1 || options.gemm2) m.decide(1);
 
   const std::int64_t H = d.hidden, I = d.intermediate, E = d.experts;
-  m.pieces = d.shared_intermediate > 0 ? static_cast<int>((d.shared_intermediate + I - 1) / I) : 0;
+  m.pieces = static_cast<int>(d.shared_pieces());
   m.experts_total = static_cast<int>(E) + m.pieces;
   require(m.experts_total <= kernels::kMaxTotalExperts, "experts + shared pieces = {} exceeds {}",
           m.experts_total, kernels::kMaxTotalExperts);

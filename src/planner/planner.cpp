@@ -69,9 +69,7 @@ GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmK
   // At least one expert is active; the expectation can round below 1 only through floating point.
   p.active_experts = std::max(1.0, e * (1.0 - miss));
   p.tokens_per_expert = static_cast<double>(tokens * layer.top_k) / p.active_experts;
-  p.shared_pieces = layer.shared_intermediate > 0
-                        ? (layer.shared_intermediate + layer.intermediate - 1) / layer.intermediate
-                        : 0;
+  p.shared_pieces = layer.shared_pieces();
   return p;
 }
 

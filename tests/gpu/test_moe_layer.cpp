@@ -223,6 +223,16 @@ TEST(GpuMoeLayer, ZeroTokensWritesNothing) {
   for (const Bf16 v : out.download()) ASSERT_EQ(v.bits, 0xabab);
 }
 
+// Options that force both GEMMs onto one stream-kernel configuration.
+MoeLayerOptions forced_stream(int m_tiles, int n_tiles, int stages, int warps, int k_split,
+                              std::int64_t max_tokens) {
+  MoeLayerOptions o;
+  o.max_tokens = max_tokens;
+  o.gemm1 = GemmChoice{GemmKernel::kStream, m_tiles, n_tiles, stages, warps, k_split};
+  o.gemm2 = o.gemm1;
+  return o;
+}
+
 TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
@@ -238,10 +248,7 @@ TEST(GpuMoeLayer, EveryCompiledConfigIsCorrect) {
   for (const auto& s : shapes) {
     for (const auto& pp : pipes) {
       if (pp[1] > kernels::StreamGemmLayout::max_warps(s[1])) continue;
-      MoeLayerOptions o;
-      o.max_tokens = 128;
-      o.gemm1 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
-      o.gemm2 = GemmChoice{GemmKernel::kStream, s[0], s[1], pp[0], pp[1], pp[2]};
+      const MoeLayerOptions o = forced_stream(s[0], s[1], pp[0], pp[1], pp[2], 128);
       SCOPED_TRACE("m_tiles " + std::to_string(s[0]) + " n_tiles " + std::to_string(s[1]) + " stages " +
                    std::to_string(pp[0]) + " warps " + std::to_string(pp[1]) + " k_split " +
                    std::to_string(pp[2]));
@@ -263,10 +270,7 @@ void expect_stream_items_are_correct(const LayerDesc& d, std::uint64_t seed) {
                             {1, 2, 3, 8, 2},  {2, 1, 2, 8, 8}, {4, 1, 4, 16, 1}, {2, 2, 3, 16, 2},
                             {4, 1, 4, 15, 3}, {1, 2, 2, 15, 3}};
   for (const auto& c : configs) {
-    MoeLayerOptions o;
-    o.max_tokens = 1000;
-    o.gemm1 = GemmChoice{GemmKernel::kStream, c[0], c[1], c[2], c[3], c[4]};
-    o.gemm2 = o.gemm1;
+    const MoeLayerOptions o = forced_stream(c[0], c[1], c[2], c[3], c[4], 1000);
     SCOPED_TRACE(gemm_choice_label(*o.gemm1));
     const MoeLayer layer(w, o);
     expect_matches_reference(w, layer, 1000, seed + 1);
@@ -305,10 +309,7 @@ TEST(GpuMoeLayer, L2PrefetchChangesNoResult) {
   const LayerWeights w = random_layer_weights(d, 30);
   const int configs[][5] = {{4, 1, 4, 15, 3}, {1, 1, 3, 16, 2}, {2, 2, 2, 8, 1}};
   for (const auto& c : configs) {
-    MoeLayerOptions on;
-    on.max_tokens = 1000;
-    on.gemm1 = GemmChoice{GemmKernel::kStream, c[0], c[1], c[2], c[3], c[4]};
-    on.gemm2 = on.gemm1;
+    const MoeLayerOptions on = forced_stream(c[0], c[1], c[2], c[3], c[4], 1000);
     MoeLayerOptions off = on;
     off.l2_prefetch = false;
     SCOPED_TRACE(gemm_choice_label(*on.gemm1));
