@@ -122,15 +122,14 @@ __device__ __forceinline__ int act_half_offset(int lane, int half) {
   return (half ^ ((lane >> 2) & 1)) * 16;
 }
 
-// Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
-// the build's resource report and `fp4moe plan` look kernels up by it.
-template <int MT, int NT, StreamEpilogue EPI>
-// Up to 512 threads (so at most 128 registers a thread: two 8-warp CTAs or one 16-warp CTA per SM)
-// except for 32-token items, at most 256 threads, whose accumulators and activation fragments need
-// more registers on some architectures (sm_80, sm_120) and would spill.
-__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
-    fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
+// The kernel's body. STAGES > 0: the ring is that deep (the launch's `stages` equals it), so each
+// chunk waits with one cp.async.wait_group; 0: any depth, read at run time, each wait a binary
+// search over the immediates (~7 more instructions a chunk, 2% of the decode-shape chunk loop).
+template <int MT, int NT, StreamEpilogue EPI, int STAGES>
+__device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const int stages_rt,
+                                                 const int k_split) {
   extern __shared__ __align__(128) std::uint8_t smem[];
+  const int stages = STAGES > 0 ? STAGES : stages_rt;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
@@ -240,7 +239,11 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
     for (int c = kb; c < ke; ++c) {
-      cp_async_wait_dynamic(stages - 2);
+      if constexpr (STAGES > 0) {
+        cp_async_wait<STAGES - 2>();
+      } else {
+        cp_async_wait_dynamic(stages - 2);
+      }
       __syncwarp();
       // Refill the stage consumed in the previous iteration (every lane is past it now).
       issue(st);
@@ -330,43 +333,83 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
   cp_async_wait<0>();
 }
 
+// Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
+// the build's resource report and `fp4moe plan` look kernels up by it.
+template <int MT, int NT, StreamEpilogue EPI>
+// Up to 512 threads (so at most 128 registers a thread: two 8-warp CTAs or one 16-warp CTA per SM)
+// except for 32-token items, at most 256 threads, whose accumulators and activation fragments need
+// more registers on some architectures (sm_80, sm_120) and would spill.
+__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
+    fp4moe_stream_gemm(const StreamGemmArgs p, const int stages, const int k_split) {
+  stream_gemm_body<MT, NT, EPI, 0>(p, stages, k_split);
+}
+
+// The same with the ring depth compiled in, for the decode shapes (one token tile) at the depths
+// the dispatcher picks (2-4): separate kernels rather than copies of the loop in one, whose larger
+// code made every launch of it slower in the layer on the H200 (docs/PERF.md, history). Same
+// launch bounds, so the planner's occupancy verdict from fp4moe_stream_gemm<MT, NT, EPI>'s
+// registers (at most 128 either way) holds for it.
+template <int MT, int NT, StreamEpilogue EPI, int STAGES>
+__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
+    fp4moe_stream_gemm_fixed(const StreamGemmArgs p, const int stages, const int k_split) {
+  stream_gemm_body<MT, NT, EPI, STAGES>(p, stages, k_split);
+}
+
 namespace {
 
 using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 
+template <int MT, int NT, StreamEpilogue EPI>
+KernelFn pick_stages(int stages) {
+  if constexpr (NT == 1) {
+    switch (stages) {
+      case 2:
+        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 2>;
+      case 3:
+        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 3>;
+      case 4:
+        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 4>;
+      default:
+        break;
+    }
+  }
+  return fp4moe_stream_gemm<MT, NT, EPI>;
+}
+
 template <int MT, int NT>
-KernelFn pick_epilogue(StreamEpilogue epi) {
+KernelFn pick_epilogue(StreamEpilogue epi, int stages) {
   switch (epi) {
     case StreamEpilogue::kSwiGLU:
-      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLU>;
+      return pick_stages<MT, NT, StreamEpilogue::kSwiGLU>(stages);
     case StreamEpilogue::kSwiGLUClamped:
-      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kSwiGLUClamped>;
+      return pick_stages<MT, NT, StreamEpilogue::kSwiGLUClamped>(stages);
     case StreamEpilogue::kStoreBf16:
-      return fp4moe_stream_gemm<MT, NT, StreamEpilogue::kStoreBf16>;
+      return pick_stages<MT, NT, StreamEpilogue::kStoreBf16>(stages);
   }
   return nullptr;
 }
 
-// The one place where run-time tile shapes become template instances (kStreamTileShapes).
+// The one place where run-time tile shapes (kStreamTileShapes) and ring depths become template
+// instances.
 KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
   const int key = c.m_tiles * 10 + c.n_tiles;
   switch (key) {
     case 11:
-      return pick_epilogue<1, 1>(epi);
+      return pick_epilogue<1, 1>(epi, c.stages);
     case 21:
-      return pick_epilogue<2, 1>(epi);
+      return pick_epilogue<2, 1>(epi, c.stages);
     case 41:
-      return pick_epilogue<4, 1>(epi);
+      return pick_epilogue<4, 1>(epi, c.stages);
     case 12:
-      return pick_epilogue<1, 2>(epi);
+      return pick_epilogue<1, 2>(epi, c.stages);
     case 22:
-      return pick_epilogue<2, 2>(epi);
+      return pick_epilogue<2, 2>(epi, c.stages);
     case 42:
-      return pick_epilogue<4, 2>(epi);
+      return pick_epilogue<4, 2>(epi, c.stages);
     case 14:
-      return pick_epilogue<1, 4>(epi);
+      return pick_epilogue<1, 4>(epi, c.stages);
     case 24:
-      return pick_epilogue<2, 4>(epi);
+      return pick_epilogue<2, 4>(epi, c.stages);
     default:
       return nullptr;
   }
