@@ -30,6 +30,14 @@ __device__ __forceinline__ int swizzle128_offset(int row, int piece) {
   return row * 128 + ((piece ^ (row & 7)) << 4);
 }
 
+// v through a move ptxas cannot see through, so that it keeps the value in a register rather than
+// recomputing it where it is used.
+__device__ __forceinline__ std::uint32_t opaque_u32(std::uint32_t v) {
+  std::uint32_t r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

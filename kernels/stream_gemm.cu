@@ -180,9 +180,11 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
   struct LaneStage {
     std::uint32_t w, a_lo, a_hi;
   };
-  const int sc_rel = kScaleOff + lane * 2 - lane * 16;
-  const int a_lo_rel = kActOff + lane * 16 + act_half_offset(lane, 0);
-  const int a_hi_rel = kActOff + lane * 16 + act_half_offset(lane, 1);
+  // (Through opaque moves, as the ring's bounds below: GEMM2's instances recomputed them from
+  // S2R every chunk.)
+  const int sc_rel = static_cast<int>(opaque_u32(kScaleOff + lane * 2 - lane * 16));
+  const int a_lo_rel = static_cast<int>(opaque_u32(kActOff + lane * 16 + act_half_offset(lane, 0)));
+  const int a_hi_rel = static_cast<int>(opaque_u32(kActOff + lane * 16 + act_half_offset(lane, 1)));
   const auto lane_stage = [&](std::uint32_t w) { return LaneStage{w, w + a_lo_rel, w + a_hi_rel}; };
 
   // The loader runs stages-1 chunks ahead of the consumer, across item boundaries. A warp
@@ -228,6 +230,11 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
 
   // The loader refills the stage the consumer read last, the one before the stage it reads next.
   const std::uint32_t ring_end = ring_first + stages * stage_bytes;
+  // Both held in registers across the loop (opaque moves): in GEMM2's instances ptxas otherwise
+  // recomputed them every chunk from S2R reads of the thread and cluster-CTA ids (with the lane
+  // offsets above, 13 more instructions a chunk than GEMM1's loop).
+  const std::uint32_t ring_first_r = opaque_u32(ring_first);
+  const std::uint32_t ring_end_r = opaque_u32(ring_end);
   LaneStage st = lane_stage(ring_first + (stages - 1) * stage_bytes);
   for (std::int64_t item = first_item; item < total_items; item += item_stride) {
     float acc[MT][NT][4];
@@ -247,7 +254,7 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
       __syncwarp();
       // Refill the stage consumed in the previous iteration (every lane is past it now).
       issue(st);
-      st = lane_stage(st.w + stage_bytes == ring_end ? ring_first : st.w + stage_bytes);
+      st = lane_stage(st.w + stage_bytes == ring_end_r ? ring_first_r : st.w + stage_bytes);
 
       std::uint32_t b[NT][4][2];
 #pragma unroll
