@@ -70,6 +70,10 @@ struct LayerDesc {
                ? (shared_intermediate + intermediate - 1) / intermediate
                : 0;
   }
+  // Experts that receive at least one of T tokens' picks when the router picks top_k of experts
+  // uniformly: E (1 - (1 - k/E)^T), at least 1. The planner's cost model and the dispatcher size
+  // the GEMMs' work by it.
+  double expected_active_experts(std::int64_t tokens) const;
 };
 
 // Real model shapes: glm5, glm45, deepseek-v3, kimi-k2, qwen3-235b, qwen3-30b, gpt-oss-120b,

@@ -12,17 +12,11 @@ namespace fp4moe::gpu {
 using kernels::StreamGemmConfig;
 using kernels::StreamGemmLayout;
 
-double expected_active_experts(const LayerDesc& desc, std::int64_t tokens) {
-  const double e = static_cast<double>(desc.experts);
-  const double p_miss = std::pow(1.0 - static_cast<double>(desc.top_k) / e, static_cast<double>(tokens));
-  return std::max(1.0, e * (1.0 - p_miss));
-}
-
 StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                       const DeviceLimits& limits) {
   // Tokens per active expert decides the token tile: one 8-token mma tile covers decode; more
   // tiles per item reuse each decoded weight fragment for more tokens.
-  const double active = expected_active_experts(desc, tokens);
+  const double active = desc.expected_active_experts(tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   const int n_tiles = per_expert <= 8.0 ? 1 : (per_expert <= 16.0 ? 2 : 4);
   // 64 rows per item where registers allow: the per-chunk overhead (waits, addresses, the
@@ -122,7 +116,7 @@ int deepest_wgmma_ring(GemmChoice c, std::int64_t smem_per_block_optin) {
 }  // namespace
 
 GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, const DeviceLimits& limits) {
-  const double active = expected_active_experts(desc, tokens);
+  const double active = desc.expected_active_experts(tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   GemmChoice c;
   // sm_90: the wgmma kernel from 6 tokens per expert. With 32-token blocks it streams weights at

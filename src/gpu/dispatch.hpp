@@ -24,10 +24,6 @@ struct DeviceLimits {
   bool wgmma = false;  // the sm_90a wgmma kernel can run (an H100/H200 and a build with sm_90a)
 };
 
-// Expected number of experts that receive at least one of T tokens routed top-k of E uniformly,
-// and the expected tokens per such expert.
-double expected_active_experts(const LayerDesc& desc, std::int64_t tokens);
-
 // The stream GEMM configuration for GEMM `which` at T tokens on a device with these limits.
 kernels::StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens, Gemm which,
                                                const DeviceLimits& limits);

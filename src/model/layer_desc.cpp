@@ -1,6 +1,7 @@
 // LayerDesc: validation, printing, names and the presets of real models.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -111,6 +112,13 @@ void LayerDesc::validate() const {
            static_cast<int>(activation));
   }
   require_block_multiple("shared_intermediate", shared_intermediate, format, true);
+}
+
+double LayerDesc::expected_active_experts(std::int64_t tokens) const {
+  const double e = static_cast<double>(experts);
+  const double miss = std::pow(1.0 - static_cast<double>(top_k) / e, static_cast<double>(tokens));
+  // At least one expert is active; the expectation can round below 1 only through floating point.
+  return std::max(1.0, e * (1.0 - miss));
 }
 
 std::string LayerDesc::to_string() const {

@@ -64,10 +64,7 @@ GemmProblem make_gemm_problem(const LayerDesc& layer, std::int64_t tokens, GemmK
   p.tokens = tokens;
   p.format = layer.format;
   p.activation = layer.activation;
-  const double e = static_cast<double>(layer.experts);
-  const double miss = std::pow(1.0 - static_cast<double>(layer.top_k) / e, static_cast<double>(tokens));
-  // At least one expert is active; the expectation can round below 1 only through floating point.
-  p.active_experts = std::max(1.0, e * (1.0 - miss));
+  p.active_experts = layer.expected_active_experts(tokens);
   p.tokens_per_expert = static_cast<double>(tokens * layer.top_k) / p.active_experts;
   p.shared_pieces = layer.shared_pieces();
   return p;
