@@ -56,6 +56,26 @@ TEST(KernelResources, FindsAnInstanceByTheNumbersInItsName) {
   EXPECT_EQ(r.find("fp4moe_stream_gemm", {8}, 120), nullptr);  // "fp4moe_route_small<8>" is not the family
 }
 
+// The stream family's prefix also names the kernels with the ring depth compiled in
+// (fp4moe_stream_gemm_fixed<m, n, epilogue, stages>, docs/KERNELS.md): a configuration launches
+// one or the other by its depth, so the one with the most registers is what the planner judges.
+TEST(KernelResources, CountsTheFixedDepthStreamKernelsWithTheirConfiguration) {
+  const auto r = entries({
+      {"void fp4moe::kernels::fp4moe_stream_gemm<4, 1, (fp4moe::kernels::StreamEpilogue)0>(fp4moe::kernels::"
+       "StreamGemmArgs, int, int)",
+       90, 108, 0, 0},
+      {"void fp4moe::kernels::fp4moe_stream_gemm_fixed<4, 1, (fp4moe::kernels::StreamEpilogue)0, 3>(fp4moe::"
+       "kernels::StreamGemmArgs, int, int)",
+       90, 116, 0, 0},
+      {"void fp4moe::kernels::fp4moe_stream_gemm_fixed<4, 1, (fp4moe::kernels::StreamEpilogue)2, 3>(fp4moe::"
+       "kernels::StreamGemmArgs, int, int)",
+       90, 101, 0, 0},
+  });
+  ASSERT_NE(r.find("fp4moe_stream_gemm", {4, 1, 0}, 90), nullptr);
+  EXPECT_EQ(r.find("fp4moe_stream_gemm", {4, 1, 0}, 90)->registers, 116);
+  EXPECT_EQ(r.find("fp4moe_stream_gemm", {4, 1, 2}, 90)->registers, 101);
+}
+
 TEST(ResourceReport, ScriptParsesAPtxasLogAndTheLibraryReadsIt) {
   const auto out = (fs::path(::testing::TempDir()) / "fp4moe_test_resources.json").string();
   const auto script = (kSourceRoot / "cmake" / "resource_report.py").string();
