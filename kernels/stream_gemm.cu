@@ -354,8 +354,8 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
 // The same with the ring depth compiled in, for the decode shapes (one token tile) at the depths
 // the dispatcher picks (2-4): separate kernels rather than copies of the loop in one, whose larger
 // code made every launch of it slower in the layer on the H200 (docs/PERF.md, history). Same
-// launch bounds, so the planner's occupancy verdict from fp4moe_stream_gemm<MT, NT, EPI>'s
-// registers (at most 128 either way) holds for it.
+// launch bounds (at most 128 registers with up to 16 warps); the planner judges a configuration by
+// the most registers among this kernel and fp4moe_stream_gemm<MT, NT, EPI> (PLANNER.md 3.4).
 template <int MT, int NT, StreamEpilogue EPI, int STAGES>
 __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
     fp4moe_stream_gemm_fixed(const StreamGemmArgs p, const int stages, const int k_split) {
