@@ -246,5 +246,15 @@ TEST(Names, RoutersAndActivationsRoundTripAndReject) {
   }
 }
 
+// E (1 - (1 - k/E)^T): one token activates its k experts, many tokens all E, never fewer than 1.
+TEST(LayerDesc, ExpectedActiveExperts) {
+  const LayerDesc d = layer_preset("glm5");  // 256 experts, top-8
+  EXPECT_DOUBLE_EQ(d.expected_active_experts(1), 8.0);
+  EXPECT_NEAR(d.expected_active_experts(2), 256.0 * (1.0 - (248.0 / 256.0) * (248.0 / 256.0)), 1e-9);
+  EXPECT_GT(d.expected_active_experts(16384), 255.999);
+  EXPECT_LE(d.expected_active_experts(16384), 256.0);
+  EXPECT_DOUBLE_EQ(d.expected_active_experts(0), 1.0);  // no token: the floor of one expert
+}
+
 }  // namespace
 }  // namespace fp4moe
