@@ -150,6 +150,29 @@ TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
   expect_matches_reference(w, layer, 5, 300);
 }
 
+// finalize's batches of picks (kernels/finalize.cu): 10 picks (8 routed + 2 shared pieces) in one
+// batch of 16 at T <= 512 and in two of 8 above; 19 picks (16 + 3) in three of 8 at any T. The
+// first batch is read before the wait for the down GEMM, the others after it.
+TEST(GpuMoeLayer, FinalizeTakesEveryNumberOfPickBatches) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.experts = 32;
+  d.top_k = 8;
+  d.shared_intermediate = 256;  // 2 pieces of 128
+  const LayerWeights w = random_layer_weights(d, 70);
+  MoeLayerOptions o;
+  o.max_tokens = 600;
+  const MoeLayer layer(w, o);
+  for (std::int64_t t : {1, 37, 600})
+    expect_matches_reference(w, layer, t, 7000 + static_cast<std::uint64_t>(t));
+  d.top_k = 16;
+  d.shared_intermediate = 384;  // 3 pieces
+  const LayerWeights w16 = random_layer_weights(d, 71);
+  const MoeLayer layer16(w16, o);
+  for (std::int64_t t : {3, 600})
+    expect_matches_reference(w16, layer16, t, 7100 + static_cast<std::uint64_t>(t));
+}
+
 // gpt-oss's kind of layer: MXFP4, top-k then softmax over 2 picks, clamped SwiGLU, biases.
 LayerDesc gpt_oss_style_desc(std::int64_t hidden, std::int64_t intermediate, std::int64_t experts) {
   LayerDesc d;
