@@ -1,40 +1,65 @@
 #!/usr/bin/env python3
-"""Side-by-side medians of `fp4moe bench --json` files: tools/ab_summary.py BASE.json... -- NEW.json...
+"""Side-by-side medians of `fp4moe bench --json` files:
+    tools/ab_summary.py [--stage NAME] BASE.json... -- NEW.json...
 
 One row per token count: each run's median (us), base runs then new runs, and base / new as the
 ratio of the medians of the runs' medians (> 1: new is faster). Used by tools/device_ab.sh.
+
+--stage NAME (routing, gather, gate/up, down, finalize or launch; files from `bench --stages`):
+the stage's in-place time instead of the whole forward's. Stage times are differences of two
+medians and can be near zero or negative, so the last column is then new - base (us) of the
+medians of runs, not a ratio.
 """
 import json
 import statistics
 import sys
 
 
-def load(paths):
+def load(paths, stage):
     runs = []
     for p in paths:
         with open(p) as f:
             d = json.load(f)
-        runs.append((d.get("commit", "?"), {r["tokens"]: r["fp4moe"]["median_us"] for r in d["rows"]}))
+        values = {}
+        for r in d["rows"]:
+            if stage is None:
+                values[r["tokens"]] = r["fp4moe"]["median_us"]
+            elif stage in (r.get("stages_us") or {}):
+                values[r["tokens"]] = r["stages_us"][stage]
+        if stage is not None and not values:
+            raise SystemExit(f"ab_summary: {p} has no stage '{stage}' (run `fp4moe bench --stages`)")
+        runs.append((d.get("commit", "?"), values))
     return runs
 
 
 def main(argv):
+    stage = None
+    if argv[:1] == ["--stage"]:
+        if len(argv) < 2:
+            print(__doc__.strip(), file=sys.stderr)
+            return 2
+        stage, argv = argv[1], argv[2:]
     if "--" not in argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     i = argv.index("--")
-    base, new = load(argv[:i]), load(argv[i + 1:])
+    base, new = load(argv[:i], stage), load(argv[i + 1:], stage)
     if not base or not new:
         print("ab_summary: need at least one file on each side", file=sys.stderr)
         return 2
     tokens = sorted(set.intersection(*(set(r) for _, r in base + new)))
-    print(f"base {base[0][0]} ({len(base)} runs) against new {new[0][0]} ({len(new)} runs); us, median of each run")
-    print(f"{'tokens':>7}  {'base':>{9 * len(base)}}  {'new':>{9 * len(new)}}  {'base/new':>8}")
+    what = "us, median of each run" if stage is None else f"stage {stage} in place, us, each run"
+    print(f"base {base[0][0]} ({len(base)} runs) against new {new[0][0]} ({len(new)} runs); {what}")
+    last = "base/new" if stage is None else "new-base"
+    print(f"{'tokens':>7}  {'base':>{9 * len(base)}}  {'new':>{9 * len(new)}}  {last:>8}")
     for t in tokens:
         b = [r[t] for _, r in base]
         n = [r[t] for _, r in new]
-        ratio = statistics.median(b) / statistics.median(n)
-        print(f"{t:>7}  {''.join(f'{v:9.1f}' for v in b)}  {''.join(f'{v:9.1f}' for v in n)}  {ratio:7.3f}x")
+        if stage is None:
+            cmp = f"{statistics.median(b) / statistics.median(n):7.3f}x"
+        else:
+            cmp = f"{statistics.median(n) - statistics.median(b):+8.1f}"
+        print(f"{t:>7}  {''.join(f'{v:9.1f}' for v in b)}  {''.join(f'{v:9.1f}' for v in n)}  {cmp}")
     return 0
 
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""tools/ab_summary.py on made-up `fp4moe bench --json` files: the whole forward's ratio of medians,
+a stage's difference of medians (--stage), and a clear error for a stage the files lack."""
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "ab_summary.py"
+
+
+def bench_json(path, commit, forward_us, finalize_us):
+    rows = [{"tokens": t, "fp4moe": {"median_us": f}, "stages_us": {"finalize": s}}
+            for t, f, s in zip((1, 4), forward_us, finalize_us)]
+    path.write_text(json.dumps({"commit": commit, "rows": rows}))
+    return str(path)
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        d = pathlib.Path(d)
+        base = [bench_json(d / f"b{i}.json", "aaa", (80.0 + i, 200.0), (3.0, 6.0 + i)) for i in range(3)]
+        new = [bench_json(d / f"n{i}.json", "bbb", (78.0 + i, 190.0), (2.0, 4.0 + i)) for i in range(3)]
+        whole = run(*base, "--", *new)
+        assert whole.returncode == 0, whole.stderr
+        lines = whole.stdout.splitlines()
+        assert lines[0].startswith("base aaa (3 runs) against new bbb (3 runs)"), lines[0]
+        # medians 81 / 79 and 200 / 190
+        assert lines[2].split()[0] == "1" and lines[2].endswith(f"{81.0 / 79.0:7.3f}x"), lines[2]
+        assert lines[3].split()[0] == "4" and lines[3].endswith(f"{200.0 / 190.0:7.3f}x"), lines[3]
+        stage = run("--stage", "finalize", *base, "--", *new)
+        assert stage.returncode == 0, stage.stderr
+        rows = stage.stdout.splitlines()[2:]
+        assert [r.split()[-1] for r in rows] == ["-1.0", "-2.0"], rows  # 2 - 3; 5 - 7
+        missing = run("--stage", "routing", *base, "--", *new)
+        assert missing.returncode != 0 and "has no stage 'routing'" in missing.stderr, missing.stderr
+        usage = run(*base)
+        assert usage.returncode == 2 and "ab_summary.py" in usage.stderr, usage.stderr
+    print("ab_summary: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
