@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,13 @@ class LayerTuning {
   // `samples` samples of back-to-back launches between two CUDA events (as many launches per
   // sample as take about 200 us, at most 100). Launched without PDL, so launches do not overlap.
   GemmTiming time_gemm(GemmKind which, const GemmChoice& choice, int warmup, int samples);
+  // The same for several choices, interleaved: every choice is checked first (a rejected one
+  // throws before anything runs); then round r = 0 .. samples-1 takes sample r of each choice in
+  // turn (round 0 after its `warmup` launches and the sizing launch, later rounds after one launch
+  // that follows its routing and grouping), so that drift over the run (clocks under the power cap)
+  // reaches every choice alike. progress(round, index), if set, is called before each sample.
+  std::vector<GemmTiming> time_gemms(GemmKind which, const std::vector<GemmChoice>& choices, int warmup,
+                                     int samples, const std::function<void(int, int)>& progress = {});
 
  private:
   struct Impl;

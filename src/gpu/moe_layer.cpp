@@ -837,36 +837,62 @@ LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64
 LayerTuning::~LayerTuning() = default;
 
 GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int warmup, int samples) {
+  return time_gemms(which, {choice}, warmup, samples).front();
+}
+
+std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vector<GemmChoice>& choices,
+                                                int warmup, int samples,
+                                                const std::function<void(int, int)>& progress) {
   Impl& t = *impl_;
   const MoeLayer::Impl& m = *t.layer->impl_;
   require(samples >= 1, "samples = {} must be at least 1", samples);
-  // The layer's own decision with the choice forced: throws with the planner's reason if rejected.
-  pick_layer_gemm(m.desc, t.tokens, which, m.arch, &m.measured,
-                  GemmPreference{choice, PickSource::kForced, "the tuner"});
+  require(warmup >= 0, "warmup = {} must be at least 0", warmup);
+  // The layer's own decision with each choice forced: throws with the planner's reason if one is
+  // rejected, before anything is launched.
+  for (const GemmChoice& choice : choices) {
+    pick_layer_gemm(m.desc, t.tokens, which, m.arch, &m.measured,
+                    GemmPreference{choice, PickSource::kForced, "the tuner"});
+  }
   FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
   const Gemm g = which == GemmKind::kGateUp ? Gemm::kGateUp : Gemm::kDown;
-  const std::vector<TailLaunch> tails = m.tails(t.tokens, g, choice);
   const Bf16* x = reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>());
-  m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice);
-  // A wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
-  // layer's construction and since written only with finite values: its contents do not change
-  // the time.
-  if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
-  const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
   const kernels::StreamEpilogue epi = m.epilogue(g);
-  // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's last
-  // items as it does in a forward (without it the tuner undervalued configurations with tail
-  // launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
-  const auto launch_once = [&] { m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream); };
-  for (int i = 0; i < warmup; ++i) launch_once();
-  // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
-  const double one = t.time(launch_once, 1);
-  GemmTiming r;
-  r.launches_per_sample = static_cast<int>(std::clamp(std::ceil(200.0 / std::max(one, 1e-3)), 1.0, 100.0));
-  for (int s = 0; s < samples; ++s) {
-    r.us.push_back(t.time(launch_once, r.launches_per_sample) / r.launches_per_sample);
+  std::vector<GemmTiming> out(choices.size());
+  // Round r times sample r of every choice in turn, so that what drifts over a run (on an H200 at
+  // prefill sizes the clock under the power cap, PERF.md) reaches every choice alike; before this
+  // the first choice, timed alone, measured 1.13x slower than later runs had it.
+  for (int r = 0; r < samples; ++r) {
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      if (progress) progress(r, static_cast<int>(i));
+      const GemmChoice& choice = choices[i];
+      const std::vector<TailLaunch> tails = m.tails(t.tokens, g, choice);
+      // Routing and grouping for the choice's token blocks (the workspace holds one grouping). A
+      // wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
+      // layer's construction and since written only with finite values: its contents do not change
+      // the time.
+      m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice);
+      if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
+      const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
+      // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's
+      // last items as it does in a forward (without it the tuner undervalued configurations with
+      // tail launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
+      const auto launch_once = [&] {
+        m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream);
+      };
+      GemmTiming& timing = out[i];
+      if (r == 0) {
+        for (int w = 0; w < warmup; ++w) launch_once();
+        // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
+        const double one = t.time(launch_once, 1);
+        timing.launches_per_sample =
+            static_cast<int>(std::clamp(std::ceil(200.0 / std::max(one, 1e-3)), 1.0, 100.0));
+      } else {
+        launch_once();  // after the other choices' grouping and launches: one to settle
+      }
+      timing.us.push_back(t.time(launch_once, timing.launches_per_sample) / timing.launches_per_sample);
+    }
   }
-  return r;
+  return out;
 }
 
 }  // namespace gpu
@@ -914,6 +940,10 @@ LayerTuning::LayerTuning(const MoeLayer&, std::int64_t, std::uint64_t) {
 }
 LayerTuning::~LayerTuning() = default;
 GemmTiming LayerTuning::time_gemm(GemmKind, const GemmChoice&, int, int) {
+  fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
+}
+std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind, const std::vector<GemmChoice>&, int, int,
+                                                const std::function<void(int, int)>&) {
   fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
 }
 

@@ -179,21 +179,33 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
     for (const auto& job : jobs) {
       if (job.bucket != b) continue;
       TunedGemm best;
-      for (const auto& c : job.candidates) {
-        const std::string label = c.family + " " + c.label;
-        report_progress(done, total, fmt::format("T={} {} {}", b, gemm_kind_name(job.gemm), label));
+      // The candidates are timed interleaved (a sample of each in turn, gpu::LayerTuning::time_gemms):
+      // at prefill sizes the GPU's clock drifts under its power cap over a run.
+      std::vector<GemmChoice> choices;
+      for (const auto& c : job.candidates) choices.push_back(choice_of_candidate(c));
+      const int n = static_cast<int>(choices.size());
+      const auto progress = [&](int round, int i) {
+        const auto& c = job.candidates[static_cast<std::size_t>(i)];
+        report_progress(done + (round * n + i) / samples, total,
+                        fmt::format("T={} {} {} (sample {}/{})", b, gemm_kind_name(job.gemm),
+                                    c.family + " " + c.label, round + 1, samples));
+      };
+      const std::vector<gpu::GemmTiming> timings =
+          timer.time_gemms(job.gemm, choices, warmup, samples, progress);
+      for (std::size_t i = 0; i < job.candidates.size(); ++i) {
+        const auto& c = job.candidates[i];
         TuneTiming t;
         t.bucket = b;
         t.gemm = job.gemm;
-        t.choice = choice_of_candidate(c);
-        t.label = label;
+        t.choice = choices[i];
+        t.label = c.family + " " + c.label;
         t.estimated_us = c.cost_us;
-        t.median_us = timer.time_gemm(job.gemm, t.choice, warmup, samples).median();
-        t.layer_pick = label == job.pick_label;
+        t.median_us = timings[i].median();
+        t.layer_pick = t.label == job.pick_label;
         if (best.us == 0 || t.median_us < best.us) best = {t.choice, t.median_us};
         report.timings.push_back(t);
-        ++done;
       }
+      done += n;
       (job.gemm == GemmKind::kGateUp ? entry.gate_up : entry.down) = best;
     }
     report.entries.push_back(entry);

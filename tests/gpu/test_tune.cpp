@@ -10,6 +10,8 @@
 
 #include <filesystem>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "fp4moe/error.hpp"
 #include "fp4moe/layer.hpp"
@@ -217,9 +219,32 @@ TEST(GpuTune, AConfigThePlannerRejectsIsNeverTimedNorLaunched) {
     EXPECT_THAT(e.what(), HasSubstr("is rejected by the planner"));
   }
   // A good one times.
-  const gpu::GemmTiming t = timer.time_gemm(GemmKind::kDown, {GemmKernel::kStream, 1, 1, 2, 4, 1}, 1, 3);
+  const GemmChoice good{GemmKernel::kStream, 1, 1, 2, 4, 1};
+  const gpu::GemmTiming t = timer.time_gemm(GemmKind::kDown, good, 1, 3);
   EXPECT_EQ(t.us.size(), 3u);
   EXPECT_GT(t.median(), 0.0);
+  // Interleaved: a rejected choice among good ones throws before any is run (no progress call).
+  int calls = 0;
+  const auto count = [&](int, int) { ++calls; };
+  try {
+    timer.time_gemms(GemmKind::kDown, {good, too_big}, 1, 2, count);
+    FAIL() << "timed a list with a config the planner rejects";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kDoesNotFit);
+  }
+  EXPECT_EQ(calls, 0);
+  // Every choice gets its samples, one per round, in order.
+  std::vector<std::pair<int, int>> order;
+  const auto record = [&](int round, int i) { order.emplace_back(round, i); };
+  const GemmChoice other{GemmKernel::kStream, 4, 1, 3, 8, 2};
+  const auto both = timer.time_gemms(GemmKind::kDown, {good, other}, 0, 3, record);
+  ASSERT_EQ(both.size(), 2u);
+  for (const auto& b : both) {
+    EXPECT_EQ(b.us.size(), 3u);
+    EXPECT_GT(b.median(), 0.0);
+  }
+  const std::vector<std::pair<int, int>> expected = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {2, 0}, {2, 1}};
+  EXPECT_EQ(order, expected);
   // Forced through the options: the constructor refuses it with the planner's numbers.
   lo.gemm2 = too_big;
   try {
