@@ -95,8 +95,15 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   // (2026-11-30, history); at T=1, where the first GEMM splits K 4 ways, they were not faster.
   // Only where that was measured: Hopper (the devices that run the wgmma kernel).
   if (limits.wgmma && k_split <= 2 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
-    const StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
-    if (StreamGemmLayout::cta_bytes(one) <= budget_for(1) && one.stages >= c.stages) return one;
+    StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
+    if (StreamGemmLayout::cta_bytes(one) <= budget_for(1) && one.stages >= c.stages) {
+      // Without a K split, 3 stages rather than the 4 that fit: on the H200 (GLM-5, 2026-11-30,
+      // every such pick at T = 2-64 set to 3 through a tune cache, alternated three times) the layer
+      // was 1.019x faster at T=4, 1.015x at T=8, 1.003-1.006x at T=2, 16, 32 and 64; 2 stages were
+      // as fast at T=4 and slower at T=8 (0.990x) and T=64 (0.980x).
+      if (k_split == 1) one.stages = std::min(one.stages, 3);
+      return one;
+    }
   }
   return c;
 }
