@@ -39,7 +39,8 @@ class LayerTuning {
   // configuration the planner rejects throws Error with the planner's reason and is never
   // launched; then routing and grouping for the choice's token block, `warmup` launches, and
   // `samples` samples of back-to-back launches between two CUDA events (as many launches per
-  // sample as take about 200 us, at most 100). Launched without PDL, so launches do not overlap.
+  // sample as take about 200 us, at most 100). Launched as a forward launches them: with PDL on
+  // sm_90 a tail launch overlaps its main launch, and each main launch waits for the one before.
   GemmTiming time_gemm(GemmKind which, const GemmChoice& choice, int warmup, int samples);
   // The same for several choices, interleaved: every choice is checked first (a rejected one
   // throws before anything runs); then round r = 0 .. samples-1 takes sample r of each choice in

@@ -859,8 +859,8 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
   const kernels::StreamEpilogue epi = m.epilogue(g);
   std::vector<GemmTiming> out(choices.size());
   // Round r times sample r of every choice in turn, so that what drifts over a run (on an H200 at
-  // prefill sizes the clock under the power cap, PERF.md) reaches every choice alike; before this
-  // the first choice, timed alone, measured 1.13x slower than later runs had it.
+  // prefill sizes the clock under the power cap, PERF.md) reaches every choice alike; timed one
+  // after another, the first choice of a run measured up to 14% off (TUNING.md).
   for (int r = 0; r < samples; ++r) {
     for (std::size_t i = 0; i < choices.size(); ++i) {
       if (progress) progress(r, static_cast<int>(i));
