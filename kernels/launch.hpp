@@ -54,6 +54,13 @@ struct GroupArgs {
   // tokens; a shorter one is left to the narrower tail launches (StreamGemmArgs::tail_of). 0: every
   // block counts (no tail launches).
   int tb_tail[2] = {0, 0};
+  // Per GEMM: an expert with at most this many tokens has no block in this GEMM's main and tail
+  // launches: the small-expert launch (the stream kernel, StreamGemmArgs::small_launch) takes it
+  // whole. 0: none. Where both are nonzero they are equal (one list serves both GEMMs).
+  int tb_small[2] = {0, 0};
+  // The fewest such experts for which the small-expert launch takes them: with fewer, its launch
+  // runs empty and the GEMMs' other launches take them (the scan decides for both GEMMs at once).
+  int small_min = 0;
   std::int32_t* counts = nullptr;                   // [E+P]; zero before route_scatter_large
   std::int32_t* cursors = nullptr;                  // [E+P]
   std::int32_t* offsets = nullptr;                  // [E+P+1]
@@ -70,8 +77,12 @@ struct GroupArgs {
   static constexpr std::int64_t tail_list_offset(int i, int experts_total) {
     return static_cast<std::int64_t>(i) * experts_total;
   }
-  std::int32_t* slot_token = nullptr;  // [slots] token of each slot
-  std::int32_t* pair_slot = nullptr;   // [T, k+P] slot of each pick (then of each shared piece)
+  // With a nonzero tb_small: the experts with 1 .. tb_small tokens, ascending, and their number
+  // (the small-expert launch's `active` and `n_active`; 0 below small_min).
+  std::int32_t* small_experts = nullptr;  // [E+P]
+  std::int32_t* small_count = nullptr;    // [1]
+  std::int32_t* slot_token = nullptr;     // [slots] token of each slot
+  std::int32_t* pair_slot = nullptr;      // [T, k+P] slot of each pick (then of each shared piece)
 };
 
 // Decode sizes (T <= kSmallRouteTokens): route, count, scan and scatter in one CTA. With
@@ -123,6 +134,13 @@ struct StreamGemmArgs {
   // launched (PDL) after GEMM1, which starts only once routing has completed. On the H200 its CTAs
   // become resident while GEMM1's last items run and the memory system has bandwidth to spare.
   int l2_prefetch_chunks = 0;
+  // Stream kernel only. 1: the small-expert launch that follows a wgmma GEMM's launches (its
+  // `active` / `n_active` the GroupArgs::small_experts list, its tb_prefix 0, 1, 2, ...: one
+  // block per expert). Like a wgmma tail launch it starts without waiting for the launch before
+  // it (whose own wait saw routing and the activations complete; it writes other rows) and waits
+  // for it before exiting, so the next kernel sees all of the GEMM done. Needs a ring depth of
+  // 2-4 and one 8-token tile (kernels compiled for it).
+  int small_launch = 0;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2

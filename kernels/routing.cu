@@ -197,14 +197,24 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   const int e = threadIdx.x;
   const int cnt = e < n ? counts[e] : 0;
   const int flag = cnt > 0 ? 1 : 0;
-  const int tb0 = main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0]);
-  const int tb1 = main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1]);
+  // The small-expert launch takes the experts of at most tb_small tokens only when there are at
+  // least small_min of them (GroupArgs::small_min); else the GEMMs' other launches take them.
+  const int small_max = max(g.tb_small[0], g.tb_small[1]);
+  const int small_candidate = flag != 0 && cnt <= small_max ? 1 : 0;
+  const bool take_small = small_max > 0 && __syncthreads_count(small_candidate) >= g.small_min;
+  const int small = take_small ? small_candidate : 0;
+  const int tb0 = main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0], take_small ? g.tb_small[0] : 0);
+  const int tb1 = main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1], take_small ? g.tb_small[1] : 0);
   int off = 0, pos = 0, p0 = 0, p1 = 0;
   int total = 0, n_active = 0, total0 = 0, total1 = 0;
   BlockScan<kSmallThreads>(temp).ExclusiveSum(cnt, off, total);
   __syncthreads();
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(flag, pos, n_active);
+  BlockScan<kSmallThreads>(temp).ExclusiveSum(flag | small << 16, pos, n_active);
   __syncthreads();
+  if (small) g.small_experts[pos >> 16] = e;
+  if (small_max > 0 && e == 0) *g.small_count = n_active >> 16;
+  pos &= 0xffff;
+  n_active &= 0xffff;
   BlockScan<kSmallThreads>(temp).ExclusiveSum(tb0, p0, total0);
   __syncthreads();
   BlockScan<kSmallThreads>(temp).ExclusiveSum(tb1, p1, total1);
@@ -231,7 +241,7 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   static_assert(kMaxWgmmaTails == 2, "the scan packs one 16-bit position per tail launch");
   for (int gi = 0; gi < 2; ++gi) {
     if (g.tb_tail[gi] == 0) continue;  // the same for every thread
-    const int cls = wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi]);
+    const int cls = wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi], take_small ? g.tb_small[gi] : 0);
     const int packed = cls < 0 ? 0 : 1 << (16 * cls);
     int at = 0, both = 0;
     BlockScan<kSmallThreads>(temp).ExclusiveSum(packed, at, both);

@@ -24,6 +24,8 @@
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
 
+#include <algorithm>
+
 namespace fp4moe::kernels {
 
 // NOTE: LDGSTS encodes a signed 12-bit immediate address offset (-2048 .. 2047 bytes). The
@@ -125,9 +127,18 @@ __device__ __forceinline__ int act_half_offset(int lane, int half) {
 // The kernel's body. STAGES > 0: the ring is that deep (the launch's `stages` equals it), so each
 // chunk waits with one cp.async.wait_group; 0: any depth, read at run time, each wait a binary
 // search over the immediates (~7 more instructions a chunk, 2% of the decode-shape chunk loop).
-template <int MT, int NT, StreamEpilogue EPI, int STAGES>
+// SMALL: the small-expert launch after a wgmma GEMM (StreamGemmArgs::small_launch): no PDL wait at
+// the start, one before exiting.
+template <int MT, int NT, StreamEpilogue EPI, int STAGES, bool SMALL = false>
 __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const int stages_rt,
-                                                 const int k_split) {
+                                                 const int k_split_arg) {
+  // The small-expert launch chooses its K split from its item count (small_launch_k_split); its
+  // launch's split only sized the reduction area. It reads the count before any wait: the launch
+  // before it waited for routing.
+  const int k_split =
+      SMALL ? small_launch_k_split(static_cast<std::int64_t>(p.tb_prefix[*p.n_active]) * p.row_blocks,
+                                   p.n_chunks, static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5))
+            : k_split_arg;
   extern __shared__ __align__(128) std::uint8_t smem[];
   const int stages = STAGES > 0 ? STAGES : stages_rt;
   const int lane = threadIdx.x & 31;
@@ -147,15 +158,17 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
   // first item and K share are those of the loop below. Compiled into GEMM2's instances only (the
   // bf16-store epilogue), so GEMM1's code stays as it was: ptxas, at its 128-register cap there,
   // scheduled GEMM1's chunk loop 2% longer with it.
-  if (EPI == StreamEpilogue::kStoreBf16 && p.l2_prefetch_chunks > 0 && lane == 0) {
+  if (EPI == StreamEpilogue::kStoreBf16 && !SMALL && p.l2_prefetch_chunks > 0 && lane == 0) {
     const int kw0 = warp % k_split;
     prefetch_item_weights<MT>(p, static_cast<std::int64_t>(warp / k_split) * gridDim.x + blockIdx.x,
                               p.n_chunks * kw0 / k_split, p.n_chunks * (kw0 + 1) / k_split);
   }
 
   // Everything below reads what routing / the previous GEMM wrote. Once that is complete, a
-  // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire.
-  pdl_wait();
+  // PDL-launched successor may be scheduled onto SMs as this grid's CTAs retire. The small-expert
+  // launch reads only what the launch before it waited for (routing's lists, x or h rows that
+  // launch does not write); it waits for that launch at its end.
+  if constexpr (!SMALL) pdl_wait();
   pdl_launch_dependents();
 
   const int n_active = *p.n_active;
@@ -338,6 +351,7 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
     }
   }
   cp_async_wait<0>();
+  if constexpr (SMALL) pdl_wait();
 }
 
 // Outside the anonymous namespace so the compiled name is stable (fp4moe_stream_gemm<MT, NT, EPI>):
@@ -362,12 +376,37 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
   stream_gemm_body<MT, NT, EPI, STAGES>(p, stages, k_split);
 }
 
+// The small-expert launch (StreamGemmArgs::small_launch) of the same shapes: its own kernels, so
+// that the other instances' code stays as it was (a stream kernel's code size alone moved its time
+// in the layer: docs/PERF.md, history "J"). Compiled for the 64-row, one-token-tile item only, the
+// shape the dispatcher gives it (gpu::small_expert_launch).
+template <int MT, int NT, StreamEpilogue EPI, int STAGES>
+__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
+    fp4moe_stream_gemm_small(const StreamGemmArgs p, const int stages, const int k_split) {
+  stream_gemm_body<MT, NT, EPI, STAGES, true>(p, stages, k_split);
+}
+
 namespace {
 
 using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 
 template <int MT, int NT, StreamEpilogue EPI>
-KernelFn pick_stages(int stages) {
+KernelFn pick_stages(int stages, bool small) {
+  if (small) {
+    if constexpr (MT == 4 && NT == 1) {
+      switch (stages) {
+        case 2:
+          return fp4moe_stream_gemm_small<MT, NT, EPI, 2>;
+        case 3:
+          return fp4moe_stream_gemm_small<MT, NT, EPI, 3>;
+        case 4:
+          return fp4moe_stream_gemm_small<MT, NT, EPI, 4>;
+        default:
+          break;
+      }
+    }
+    return nullptr;
+  }
   if constexpr (NT == 1) {
     switch (stages) {
       case 2:
@@ -384,39 +423,39 @@ KernelFn pick_stages(int stages) {
 }
 
 template <int MT, int NT>
-KernelFn pick_epilogue(StreamEpilogue epi, int stages) {
+KernelFn pick_epilogue(StreamEpilogue epi, int stages, bool small) {
   switch (epi) {
     case StreamEpilogue::kSwiGLU:
-      return pick_stages<MT, NT, StreamEpilogue::kSwiGLU>(stages);
+      return pick_stages<MT, NT, StreamEpilogue::kSwiGLU>(stages, small);
     case StreamEpilogue::kSwiGLUClamped:
-      return pick_stages<MT, NT, StreamEpilogue::kSwiGLUClamped>(stages);
+      return pick_stages<MT, NT, StreamEpilogue::kSwiGLUClamped>(stages, small);
     case StreamEpilogue::kStoreBf16:
-      return pick_stages<MT, NT, StreamEpilogue::kStoreBf16>(stages);
+      return pick_stages<MT, NT, StreamEpilogue::kStoreBf16>(stages, small);
   }
   return nullptr;
 }
 
 // The one place where run-time tile shapes (kStreamTileShapes) and ring depths become template
-// instances.
-KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
+// instances. small: the small-expert launch's kernels (nullptr where none is compiled).
+KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi, bool small) {
   const int key = c.m_tiles * 10 + c.n_tiles;
   switch (key) {
     case 11:
-      return pick_epilogue<1, 1>(epi, c.stages);
+      return pick_epilogue<1, 1>(epi, c.stages, small);
     case 21:
-      return pick_epilogue<2, 1>(epi, c.stages);
+      return pick_epilogue<2, 1>(epi, c.stages, small);
     case 41:
-      return pick_epilogue<4, 1>(epi, c.stages);
+      return pick_epilogue<4, 1>(epi, c.stages, small);
     case 12:
-      return pick_epilogue<1, 2>(epi, c.stages);
+      return pick_epilogue<1, 2>(epi, c.stages, small);
     case 22:
-      return pick_epilogue<2, 2>(epi, c.stages);
+      return pick_epilogue<2, 2>(epi, c.stages, small);
     case 42:
-      return pick_epilogue<4, 2>(epi, c.stages);
+      return pick_epilogue<4, 2>(epi, c.stages, small);
     case 14:
-      return pick_epilogue<1, 4>(epi, c.stages);
+      return pick_epilogue<1, 4>(epi, c.stages, small);
     case 24:
-      return pick_epilogue<2, 4>(epi, c.stages);
+      return pick_epilogue<2, 4>(epi, c.stages, small);
     default:
       return nullptr;
   }
@@ -426,15 +465,30 @@ KernelFn kernel_for(const StreamGemmConfig& c, StreamEpilogue epi) {
 
 cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epilogue,
                               KernelAttributes* attributes) {
-  const KernelFn fn = kernel_for(config, epilogue);
+  const KernelFn fn = kernel_for(config, epilogue, false);
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
-  return setup_kernel(fn, StreamGemmLayout::threads(config),
-                      static_cast<int>(StreamGemmLayout::cta_bytes(config)), attributes);
+  const int threads = StreamGemmLayout::threads(config);
+  const int smem = static_cast<int>(StreamGemmLayout::cta_bytes(config));
+  KernelAttributes a{};
+  const cudaError_t err = setup_kernel(fn, threads, smem, &a);
+  if (err != cudaSuccess) return err;
+  // The same configuration's small-expert kernel, where there is one (it may run as the
+  // small-expert launch): set up alike, and the attributes are the more demanding of the two.
+  if (const KernelFn small_fn = kernel_for(config, epilogue, true); small_fn != nullptr) {
+    KernelAttributes t{};
+    const cudaError_t serr = setup_kernel(small_fn, threads, smem, &t);
+    if (serr != cudaSuccess) return serr;
+    a.registers = std::max(a.registers, t.registers);
+    a.local_bytes = std::max(a.local_bytes, t.local_bytes);
+    a.max_blocks_per_sm = std::min(a.max_blocks_per_sm, t.max_blocks_per_sm);
+  }
+  if (attributes != nullptr) *attributes = a;
+  return cudaSuccess;
 }
 
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config,
                                StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
-  const KernelFn fn = kernel_for(config, epilogue);
+  const KernelFn fn = kernel_for(config, epilogue, args.small_launch != 0);
   if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
                        static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args,

@@ -88,6 +88,30 @@ struct StreamGemmLayout {
 };
 
 static_assert(StreamGemmLayout::stage_bytes({1, 1, 8, 8, 1}) == 1664);
+// The K split of the small-expert launch (StreamGemmArgs::small_launch), which its kernel chooses
+// from its item count: how many experts are small is known only on the device. The split whose
+// rounds of items cost the fewest chunks per warp (the dispatcher's rule in choose_stream_config,
+// a fixed cost of ~4 chunks per item), among 1, 2, 4 and 8 ways; ties go to the smaller split. A
+// few small experts then spread their K over the idle warps instead of leaving one round of long
+// items after the GEMM's other launches.
+constexpr int small_launch_k_split(std::int64_t items, int chunks, std::int64_t resident_warps) {
+  int best_split = 1;
+  std::int64_t best = -1;
+  for (int k = 1; k <= 8 && k <= chunks; k *= 2) {
+    const std::int64_t rounds = (items * k + resident_warps - 1) / resident_warps;
+    const std::int64_t cost = rounds * ((chunks + k - 1) / k + 4);
+    if (best < 0 || cost < best) {
+      best = cost;
+      best_split = k;
+    }
+  }
+  return best_split;
+}
+static_assert(small_launch_k_split(0, 96, 2112) == 1);
+static_assert(small_launch_k_split(80 * 64, 96, 2112) == 2);  // GLM-5 gate/up, 80 small experts
+static_assert(small_launch_k_split(80 * 96, 32, 2112) == 1);  // GLM-5 down
+static_assert(small_launch_k_split(3 * 48, 64, 2112) == 8);   // Qwen3-235B gate/up, 3 small experts
+
 static_assert(StreamGemmLayout::cta_bytes({1, 1, 8, 8, 1}) == 106496);
 static_assert(StreamGemmLayout::cta_bytes({4, 1, 3, 8, 4}) == 8 * 3 * 3328 + 8 * 4 * 512);
 

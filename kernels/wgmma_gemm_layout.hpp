@@ -107,8 +107,11 @@ struct WgmmaGemmLayout {
 
 // Token blocks of an expert with `count` tokens in the main launch of a GEMM with blocks of
 // `block` tokens, when tail launches take a last block of at most `tail_max` tokens (0: no tail
-// launches, every block is the main launch's). The routing's scan and the host share this rule.
-constexpr int main_token_blocks(int count, int block, int tail_max) {
+// launches, every block is the main launch's) and the small-expert launch takes every expert of at
+// most `small_max` tokens whole (0: none; GroupArgs::tb_small). The routing's scan and the host
+// share this rule.
+constexpr int main_token_blocks(int count, int block, int tail_max, int small_max = 0) {
+  if (count <= small_max) return 0;
   return count / block + (count % block > tail_max ? 1 : 0);
 }
 
@@ -139,8 +142,10 @@ constexpr int wgmma_tail_max(int n_tiles) {
 }
 // The tail launch (index i of wgmma_tail) that takes the last block of an expert with `count`
 // tokens, under main blocks of `block` tokens whose tail launches take at most `tail_max` (0: none);
-// -1 when no tail launch does. The routing's scan lists each tail launch's experts by this rule.
-constexpr int wgmma_tail_class(int count, int block, int tail_max) {
+// -1 when no tail launch does (also for an expert of at most `small_max` tokens, which the
+// small-expert launch takes). The routing's scan lists each tail launch's experts by this rule.
+constexpr int wgmma_tail_class(int count, int block, int tail_max, int small_max = 0) {
+  if (count <= small_max) return -1;
   const int r = count % block;
   if (tail_max == 0 || r == 0 || r > tail_max) return -1;
   for (int i = 0; i < wgmma_tail_count(block / 8); ++i) {
@@ -160,6 +165,8 @@ static_assert(main_token_blocks(64, 128, 64) == 0 && main_token_blocks(65, 128, 
 static_assert(wgmma_tail_class(128 + 33, 128, 64) == 0 && wgmma_tail_class(256 + 32, 128, 64) == 1);
 static_assert(wgmma_tail_class(1, 64, 32) == 0 && wgmma_tail_class(33, 64, 32) == -1);
 static_assert(wgmma_tail_class(128, 128, 64) == -1 && wgmma_tail_class(5, 128, 0) == -1);
+static_assert(main_token_blocks(8, 32, 0, 8) == 0 && main_token_blocks(9, 32, 0, 8) == 1);
+static_assert(wgmma_tail_class(8, 128, 64, 8) == -1 && wgmma_tail_class(9, 128, 64, 8) == 1);
 
 static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
 static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);

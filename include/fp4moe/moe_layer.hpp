@@ -71,6 +71,12 @@ struct MoeLayerOptions {
   // With PDL on sm_90+: a decode-path (stream kernel) GEMM2 prefetches the first weights of its
   // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
   bool l2_prefetch = true;
+  // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with at most 8 tokens run
+  // whole on the weight-streaming kernel instead, one more launch per GEMM (docs/KERNELS.md).
+  bool small_expert_launch = true;
+  // The fewest such experts for which they do (a forward with fewer runs them on wgmma too); -1:
+  // the layer's estimate of where the extra launch pays (about 224 MB of their weights).
+  int small_expert_min = -1;
   // Force a kernel configuration for every forward (tests, tuning); unset: the layer decides
   // (planner::pick_layer_gemm: the tune cache, else the dispatcher's heuristics, each only if the
   // planner accepts it). A forced configuration the planner rejects makes the constructor throw.

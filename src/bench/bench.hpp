@@ -24,10 +24,11 @@ struct BenchOptions {
   std::vector<std::int64_t> tokens;
   int iterations = 50;
   int warmup = 5;
-  int input_sets = 4;       // rotated so caches do not flatter small problems
-  bool baseline = true;     // time the BF16 cuBLAS layer beside fp4moe
-  bool stages = false;      // also time each stage in place (prefix graphs; GPU only)
-  bool l2_prefetch = true;  // MoeLayerOptions::l2_prefetch (off: for A/B runs)
+  int input_sets = 4;               // rotated so caches do not flatter small problems
+  bool baseline = true;             // time the BF16 cuBLAS layer beside fp4moe
+  bool stages = false;              // also time each stage in place (prefix graphs; GPU only)
+  bool l2_prefetch = true;          // MoeLayerOptions::l2_prefetch (off: for A/B runs)
+  bool small_expert_launch = true;  // MoeLayerOptions::small_expert_launch (off: for A/B runs)
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };

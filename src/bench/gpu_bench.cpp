@@ -392,6 +392,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   MoeLayerOptions lo;
   lo.max_tokens = max_t;
   lo.l2_prefetch = options.l2_prefetch;
+  lo.small_expert_launch = options.small_expert_launch;
   const MoeLayer layer(w, lo);
 
   std::unique_ptr<Bf16Layer> bf16;

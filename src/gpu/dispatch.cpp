@@ -189,6 +189,35 @@ int tail_max(const GemmChoice& c) {
   return c.kernel == GemmKernel::kWgmma ? kernels::wgmma_tail_max(c.n_tiles) : 0;
 }
 
+int small_expert_max(const GemmChoice& gate_up, bool enabled) {
+  return enabled && gate_up.kernel == GemmKernel::kWgmma ? kSmallExpertTokens : 0;
+}
+
+int small_expert_min(const LayerDesc& desc) {
+  // The launch saves ~2 us per GLM-5 expert (21.2 MB of weights; the H200 tuner at T=64: the stream
+  // kernel 565 against wgmma's 745 us for 148 experts' gate/up, 296 against 410 for down), ~0.094
+  // us per MB. It costs ~21 us (Qwen3-235B at T=256, ~3 experts of 10.6 MB small: 18 us slower in
+  // the layer, 2026-11-30). So it pays from ~224 MB of small experts' weights: 11 GLM-5 experts,
+  // 22 of Qwen3-235B.
+  constexpr double kPaysFromBytes = 224e6;
+  const double per_value = desc.format == WeightFormat::kNvfp4 ? 0.5625 : 0.53125;
+  const double expert_bytes = 3.0 * static_cast<double>(desc.hidden * desc.intermediate) * per_value;
+  return static_cast<int>(std::ceil(kPaysFromBytes / expert_bytes));
+}
+
+GemmChoice small_expert_choice() {
+  GemmChoice c;
+  c.kernel = GemmKernel::kStream;
+  c.m_tiles = 4;
+  c.n_tiles = 1;
+  c.stages = 3;
+  c.warps = 16;
+  // A split > 1 sizes the reduction area (the same for any split); the kernel chooses the split
+  // from its item count (kernels::small_launch_k_split).
+  c.k_split = 2;
+  return c;
+}
+
 StreamGemmConfig stream_config(const GemmChoice& c) {
   return {c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split};
 }

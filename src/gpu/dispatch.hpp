@@ -45,6 +45,27 @@ std::vector<TailLaunch> tail_launches(const GemmChoice& c, std::int64_t smem_per
 // The largest last block c's tail launches take (GroupArgs::tb_tail); 0 without tail launches.
 int tail_max(const GemmChoice& c);
 
+// The small-expert launch (kernels::StreamGemmArgs::small_launch). Where the first GEMM runs on
+// wgmma, an expert with at most kSmallExpertTokens tokens runs whole on the stream kernel, in one
+// launch after each wgmma GEMM's own: the wgmma kernel's time per block barely depends on its
+// tokens below 32 (its decode bounds it), and the stream kernel streams such an expert's weights
+// faster (the H200 tuner at T=64: 565 against 745 us for the first GEMM, 296 against 410 for
+// the second). Both GEMMs take the same experts, or the second none (a stream second GEMM takes
+// every expert): the small experts' h is written in natural k order, which only the stream kernel
+// reads.
+inline constexpr int kSmallExpertTokens = 8;
+// The most tokens an expert of the small-expert launch holds under the first GEMM's choice
+// (GroupArgs::tb_small of a wgmma GEMM); 0: no small-expert launch.
+int small_expert_max(const GemmChoice& gate_up, bool enabled);
+// The fewest small experts for which the small-expert launch takes them (GroupArgs::small_min; the
+// routing's scan decides per forward): with fewer, the launch's own cost exceeds what it saves.
+int small_expert_min(const LayerDesc& desc);
+// Its configuration: 64-row items of one 8-token tile, one CTA of 16 warps per SM with a 3-stage
+// ring (the dispatcher's stream pick for a few tokens per expert on the H200), and room for the
+// K split that the kernel chooses from the number of small experts (kernels::small_launch_k_split;
+// the configuration's k_split is 2, which sizes that room for any split).
+GemmChoice small_expert_choice();
+
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);
 kernels::WgmmaGemmConfig wgmma_config(const GemmChoice& c);

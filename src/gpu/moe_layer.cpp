@@ -150,6 +150,9 @@ struct MoeLayer::Impl {
   std::int32_t* tb_prefix[2] = {nullptr, nullptr};
   std::int32_t* tail_experts[2] = {nullptr, nullptr};  // per GEMM [kMaxWgmmaTails][E+P] (GroupArgs)
   std::int32_t* tail_count[2] = {nullptr, nullptr};    // per GEMM [kMaxWgmmaTails]
+  // The small-expert launch's experts and their number (GroupArgs::small_experts), and its
+  // token-block prefix: 0, 1, 2, ... (one block per expert), written once at construction.
+  std::int32_t *small_experts = nullptr, *small_count = nullptr, *small_prefix = nullptr;
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   std::uint16_t* y = nullptr;  // bf16 [slots, H]: the down GEMM's output per (token, pick)
@@ -163,6 +166,7 @@ struct MoeLayer::Impl {
   struct Decision {
     GemmChoice choice[2];
     std::vector<gpu::TailLaunch> tails[2];  // the tail launches of each GEMM (wgmma only)
+    int small_max = 0;                      // gpu::small_expert_max; 0: no small-expert launch
   };
   mutable std::mutex decisions_mu;
   mutable std::map<std::int64_t, Decision> decisions;
@@ -192,7 +196,30 @@ struct MoeLayer::Impl {
     d.choice[1] = pick(tokens, gpu::Gemm::kDown).choice;
     d.tails[0] = tails(tokens, gpu::Gemm::kGateUp, d.choice[0]);
     d.tails[1] = tails(tokens, gpu::Gemm::kDown, d.choice[1]);
+    d.small_max = small_max(tokens, d.choice[0]);
     return decisions.emplace(tokens, d).first->second;
+  }
+
+  // The most tokens of an expert that the small-expert launch takes under the first GEMM's choice
+  // c1 (0: none), its configuration judged by the planner for both GEMMs (it throws, naming the
+  // reason, if rejected: never launched).
+  int small_max(std::int64_t tokens, const GemmChoice& c1) const {
+    const int s = gpu::small_expert_max(c1, options.small_expert_launch);
+    if (s > 0) {
+      for (const gpu::Gemm which : {gpu::Gemm::kGateUp, gpu::Gemm::kDown}) {
+        pick_layer_gemm(
+            desc, tokens, gemm_kind(which), arch, &measured,
+            GemmPreference{gpu::small_expert_choice(), PickSource::kForced, "the small-expert launch"});
+      }
+    }
+    return s;
+  }
+  int small_min() const {
+    return options.small_expert_min >= 0 ? options.small_expert_min : gpu::small_expert_min(desc);
+  }
+  // GroupArgs::tb_small of a GEMM under choice c: only a wgmma GEMM leaves the small experts out.
+  static int tb_small(const GemmChoice& c, int small_max) {
+    return c.kernel == GemmKernel::kWgmma ? small_max : 0;
   }
 
   // The tail launches of GEMM `which` under choice c, each judged by the planner like c itself
@@ -350,11 +377,25 @@ struct MoeLayer::Impl {
     }
   }
 
+  // The small-expert launch of GEMM `which` (after its wgmma launches): the stream kernel over the
+  // experts of at most the decision's small_max tokens, reading x (GEMM1) or h in natural k order.
+  void launch_small(gpu::Gemm which, const Bf16* x, kernels::StreamEpilogue epi, bool pdl,
+                    Stream stream) const {
+    kernels::StreamGemmArgs a = gemm_args(which, gpu::small_expert_choice(), x, false);
+    a.active = small_experts;
+    a.n_active = small_count;
+    a.tb_prefix = small_prefix;
+    a.l2_prefetch_chunks = 0;
+    a.small_launch = 1;
+    launch(a, gpu::small_expert_choice(), epi, pdl, stream);
+  }
+
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
   // by expert, with the token blocks of the first GEMM's choice c1 and the second's c2 (whose tail
-  // launches take the last blocks of at most gpu::tail_max tokens).
+  // launches take the last blocks of at most gpu::tail_max tokens; a wgmma GEMM leaves experts of
+  // at most small_max tokens to the small-expert launch).
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
-                       const GemmChoice& c1, const GemmChoice& c2) const;
+                       const GemmChoice& c1, const GemmChoice& c2, int small_max) const;
   // The k-permuted, slot-ordered copy of x that a wgmma first GEMM reads (after grouping).
   void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
@@ -509,6 +550,9 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_tail0 = carve(tail_list_bytes);
   const std::size_t o_tail1 = carve(tail_list_bytes);
   const std::size_t o_tail_count = carve(2 * kernels::kMaxWgmmaTails * 4);
+  const std::size_t o_small = carve(static_cast<std::size_t>(ne) * 4);
+  const std::size_t o_small_count = carve(4);
+  const std::size_t o_small_prefix = carve(static_cast<std::size_t>(ne + 1) * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
@@ -532,12 +576,18 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.tail_experts[1] = reinterpret_cast<std::int32_t*>(base + o_tail1);
   m.tail_count[0] = reinterpret_cast<std::int32_t*>(base + o_tail_count);
   m.tail_count[1] = m.tail_count[0] + kernels::kMaxWgmmaTails;
+  m.small_experts = reinterpret_cast<std::int32_t*>(base + o_small);
+  m.small_count = reinterpret_cast<std::int32_t*>(base + o_small_count);
+  m.small_prefix = reinterpret_cast<std::int32_t*>(base + o_small_prefix);
   m.slot_token = reinterpret_cast<std::int32_t*>(base + o_slot_token);
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
   m.y = reinterpret_cast<std::uint16_t*>(base + o_y);
   m.x_perm = m.limits.wgmma ? reinterpret_cast<std::uint16_t*>(base + o_x_perm) : nullptr;
   FP4MOE_CUDA_CHECK(cudaMemset(m.h, 0, static_cast<std::size_t>(m.max_slots * m.i_padded) * 2));
+  std::vector<std::int32_t> iota(static_cast<std::size_t>(ne + 1));
+  for (std::size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<std::int32_t>(i);
+  FP4MOE_CUDA_CHECK(cudaMemcpy(m.small_prefix, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice));
   // The uploads and the memset ran on the legacy default stream, and a copy from pageable memory
   // may return before its DMA ends: wait for them, so that a forward on any stream (a non-blocking
   // one does not order itself after the legacy stream) reads complete weights and a zeroed h.
@@ -545,7 +595,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
 }
 
 void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
-                                     int tokens, const GemmChoice& c1, const GemmChoice& c2) const {
+                                     int tokens, const GemmChoice& c1, const GemmChoice& c2,
+                                     int small_max) const {
   const LayerDesc& d = desc;
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -573,6 +624,11 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ga.tb_tokens[1] = c2.token_block();
   ga.tb_tail[0] = gpu::tail_max(c1);
   ga.tb_tail[1] = gpu::tail_max(c2);
+  ga.tb_small[0] = tb_small(c1, small_max);
+  ga.tb_small[1] = tb_small(c2, small_max);
+  ga.small_min = small_min();
+  ga.small_experts = small_experts;
+  ga.small_count = small_count;
   ga.counts = counts;
   ga.cursors = cursors;
   ga.offsets = offsets;
@@ -687,16 +743,22 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   grid(c2, e2);
   for (const gpu::TailLaunch& t : decision.tails[0]) grid(t.choice, e1);
   for (const gpu::TailLaunch& t : decision.tails[1]) grid(t.choice, e2);
+  const bool small1 = tb_small(c1, decision.small_max) > 0;
+  const bool small2 = tb_small(c2, decision.small_max) > 0;
+  if (small1) grid(gpu::small_expert_choice(), e1);
+  if (small2) grid(gpu::small_expert_choice(), e2);
 
-  route_and_group(stream, logits, ids_in, T, c1, c2);
+  route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
   if (last == ForwardStage::kRouting) return;
   if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
   if (last == ForwardStage::kGather) return;
   launch_with_tails(gpu::Gemm::kGateUp, gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma),
                     c1, decision.tails[0], e1, pdl, stream);
+  if (small1) launch_small(gpu::Gemm::kGateUp, x, e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
   launch_with_tails(gpu::Gemm::kDown, gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2,
                     pdl, stream);
+  if (small2) launch_small(gpu::Gemm::kDown, x, e2, pdl, stream);
   if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
@@ -762,14 +824,24 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
     }
     return s;
   };
+  const int small_max = m.small_max(tokens, p1.choice);
+  const auto small_launch = [&](gpu::Gemm which, const GemmChoice& c) {
+    if (Impl::tb_small(c, small_max) == 0) return std::string();
+    const GemmChoice sc = gpu::small_expert_choice();
+    return fmt::format(
+        "; then the experts of 1-{} tokens, when at least {}: {} (K split chosen on the GPU), grid {}",
+        small_max, m.small_min(), sc.to_string(), m.grid(sc, m.epilogue(which)));
+  };
   const int prefetch = m.l2_prefetch_chunks(gpu::Gemm::kDown, p2.choice);
   const std::string l2 =
       prefetch > 0 ? fmt::format(", {} K chunks per warp prefetched into L2 during gate/up", prefetch) : "";
-  return fmt::format("T={}: {}; gate/up GEMM: {} [{}], grid {}{}; down GEMM: {} [{}], grid {}{}{}; finalize",
-                     tokens, small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(),
-                     p1.why, m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)),
-                     tails(gpu::Gemm::kGateUp, p1.choice), p2.choice.to_string(), p2.why,
-                     m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), l2, tails(gpu::Gemm::kDown, p2.choice));
+  return fmt::format(
+      "T={}: {}; gate/up GEMM: {} [{}], grid {}{}{}; down GEMM: {} [{}], grid {}{}{}{}; finalize", tokens,
+      small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(), p1.why,
+      m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), tails(gpu::Gemm::kGateUp, p1.choice),
+      small_launch(gpu::Gemm::kGateUp, p1.choice), p2.choice.to_string(), p2.why,
+      m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), l2, tails(gpu::Gemm::kDown, p2.choice),
+      small_launch(gpu::Gemm::kDown, p2.choice));
 }
 
 namespace gpu {
@@ -866,11 +938,16 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
       if (progress) progress(r, static_cast<int>(i));
       const GemmChoice& choice = choices[i];
       const std::vector<TailLaunch> tails = m.tails(t.tokens, g, choice);
+      // A wgmma GEMM with its small-expert launch, as a forward whose first GEMM runs on wgmma has
+      // it (for the second GEMM the tuner cannot know the first's choice and assumes so).
+      const int small_max = m.small_max(t.tokens, choice);
+      const bool small = MoeLayer::Impl::tb_small(choice, small_max) > 0;
       // Routing and grouping for the choice's token blocks (the workspace holds one grouping). A
       // wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
       // layer's construction and since written only with finite values: its contents do not change
       // the time.
-      m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice);
+      m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice,
+                        small_max);
       if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
       const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
       // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's
@@ -878,6 +955,7 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
       // tail launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
       const auto launch_once = [&] {
         m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream);
+        if (small) m.launch_small(g, x, epi, m.use_pdl(), t.stream);
       };
       GemmTiming& timing = out[i];
       if (r == 0) {

@@ -466,6 +466,70 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
   }
 }
 
+// Experts of at most 8 tokens run whole on the stream kernel after each wgmma GEMM's launches (the
+// small-expert launch): counts on both sides of 8, with and without main blocks beside them, every
+// expert small, and none; on both GEMMs, on the first only (a stream second GEMM), and off.
+TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+  d.hidden = 400;
+  d.intermediate = 208;
+  d.experts = 12;
+  d.top_k = 1;
+  const LayerWeights w = random_layer_weights(d, 19);
+  const std::vector<std::vector<int>> cases = {
+      {1, 8, 9, 0, 7, 33, 40, 65, 136, 2, 8, 129},   // small and large experts side by side
+      {1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 8, 3},          // every expert small: the wgmma launches have no item
+      {9, 10, 40, 0, 65, 0, 32, 33, 64, 9, 12, 16},  // none small: the small-expert launch has no item
+  };
+  const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const std::vector<int>& counts = cases[ci];
+    std::int64_t T = 0;
+    for (int c : counts) T += c;
+    Routing r;
+    r.tokens = T;
+    r.top_k = 1;
+    for (std::size_t e = 0; e < counts.size(); ++e) {
+      for (int i = 0; i < counts[e]; ++i) r.ids.push_back(static_cast<std::int32_t>(e));
+    }
+    for (std::size_t i = 0; i < r.ids.size(); ++i) std::swap(r.ids[i], r.ids[(i * 7919) % r.ids.size()]);
+    r.weights.assign(r.ids.size(), 1.0f);
+    const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1900 + ci);
+    const ReferenceResult ref = reference_forward_routed(w, x, r);
+    for (const int nt : {16, 4}) {
+      // 0: both GEMMs wgmma; 1: GEMM2 stream; 2: launch off; 3: fewer small experts than it needs
+      // (it runs empty, the wgmma launches take them).
+      for (int mode = 0; mode < 4; ++mode) {
+        MoeLayerOptions o;
+        o.max_tokens = T;
+        o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
+        if (mode == 1) o.gemm2 = stream;
+        o.small_expert_launch = mode != 2;
+        o.small_expert_min = mode == 3 ? 13 : 1;  // the layer's estimate is in the thousands here
+        SCOPED_TRACE("case " + std::to_string(ci) + ", " + o.gemm1->to_string() + " / " +
+                     o.gemm2->to_string() + ", mode " + std::to_string(mode));
+        on_forced_layer(w, o, [&](const MoeLayer& layer) {
+          const std::string plan = layer.plan_summary(T);
+          const auto small_launches = [&] {
+            std::size_t n = 0;
+            for (std::size_t at = plan.find("experts of 1-8 tokens"); at != std::string::npos;
+                 at = plan.find("experts of 1-8 tokens", at + 1))
+              ++n;
+            return n;
+          }();
+          EXPECT_EQ(small_launches, mode == 0 || mode == 3 ? 2u : (mode == 1 ? 1u : 0u)) << plan;
+          const auto out = run_gpu_routed(layer, x, r);
+          EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
+          const auto again = run_gpu_routed(layer, x, r);
+          EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+        });
+        if (IsSkipped()) return;
+      }
+    }
+  }
+}
+
 TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
