@@ -128,8 +128,16 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
   GemmChoice c;
   // sm_90: the wgmma kernel from 6 tokens per expert. With 32-token blocks it streams weights at
   // about HBM rate while its tensor work stays below the decode's, so it beats the stream
-  // kernel (one weight decode per 8-32 tokens) from a few tokens per expert.
-  if (limits.wgmma && per_expert >= 6.0) {
+  // kernel (one weight decode per 8-32 tokens) from a few tokens per expert. With a shared expert
+  // from 3: the shared expert sees all T tokens, which the stream kernel takes in T/8 passes over
+  // its weights, wgmma in T/32, while the small-expert launch keeps the routed experts of at most
+  // 8 tokens on the stream kernel (small_expert_max). On the H200 (GLM-5, 2026-11-30, wgmma forced
+  // through a tune cache against the stream pick, alternated three times) the layer was 1.065x
+  // faster at T=96 (3.15 per expert here), 1.068x at T=112 and 1.10x at T=128, at par at T=80
+  // (2.71), 0.983x at T=64; without a shared expert (Qwen3-235B) 0.87-0.97x at T=32-64 (2.1-4.1).
+  // The small-expert launch off (an A/B switch) does not change this rule.
+  const double wgmma_from = desc.shared_pieces() > 0 ? 3.0 : 6.0;
+  if (limits.wgmma && per_expert >= wgmma_from) {
     c.kernel = GemmKernel::kWgmma;
     c.m_tiles = 2;
     c.k_split = 1;
