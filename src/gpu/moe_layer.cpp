@@ -416,6 +416,9 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.options = options;
   const LayerDesc& d = m.desc;
   require(options.max_tokens >= 1, "max_tokens = {} must be at least 1", options.max_tokens);
+  require(options.small_expert_min >= -1,
+          "small_expert_min = {} must be -1 (the layer's estimate) or a number of experts (0 or more)",
+          options.small_expert_min);
   require(d.experts <= kernels::kMaxRoutedExperts, "experts = {}: the GPU router handles at most {}",
           d.experts, kernels::kMaxRoutedExperts);
   require(d.top_k <= kernels::kMaxTopK, "top_k = {}: the GPU router handles at most {}", d.top_k,

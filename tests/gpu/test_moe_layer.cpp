@@ -656,6 +656,20 @@ TEST(GpuMoeLayer, RejectsTooManyTokens) {
   }
 }
 
+TEST(GpuMoeLayer, RejectsANegativeSmallExpertMin) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
+  MoeLayerOptions o;
+  o.small_expert_min = -2;
+  try {
+    const MoeLayer layer(w, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("small_expert_min = -2"), std::string::npos) << e.what();
+  }
+}
+
 // Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
 class GpuRealShapes : public ::testing::TestWithParam<const char*> {};
 
