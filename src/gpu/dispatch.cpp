@@ -142,13 +142,16 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     c.m_tiles = 2;
     c.k_split = 1;
     // Token blocks: 32 tokens the fastest at T=256 (the H200 tuner, f76abf9; 8 per expert here).
-    // From 20 per expert, 128-token blocks with their tail launches (each expert's short last
+    // From 13 per expert, 128-token blocks with their tail launches (each expert's short last
     // block on a narrower instance, overlapping the main launch under PDL). In the layer
     // (2026-11-30, f89be95 / b901d04, GLM-5, n16 forced through a tune cache, alternated twice):
     // against 64-token blocks 1.05x at T=896, 1.08x at T=1024, 1.12-1.13x at T=1536-2048, at par at
     // T=768; against 32-token blocks 1.12-1.15x at T=640 (20 per expert), at par at T=512 (16).
-    // The tuner, which runs the launches one after another, has n16 and n8 at par.
-    c.n_tiles = per_expert >= 20.0 ? 16 : 4;
+    // Since the small-expert launch (9cf3d82; a89b008's tree, alternated twice) against 32-token
+    // blocks: 0.90-0.94x at T=96-256, 0.969x at T=320 (10 per expert), 0.976x at T=384 (12), 1.045x
+    // at T=448 (14), 1.095x at T=512 (16); 64-token blocks were within 1-2% of 128-token ones at
+    // T=384-512. The tuner, which runs the launches one after another, has n16 and n8 at par.
+    c.n_tiles = per_expert >= 13.0 ? 16 : 4;
     c.warps = 8;  // consumer warps
     c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;
