@@ -217,16 +217,9 @@ int small_expert_min(const LayerDesc& desc) {
 }
 
 GemmChoice small_expert_choice() {
-  GemmChoice c;
-  c.kernel = GemmKernel::kStream;
-  c.m_tiles = 4;
-  c.n_tiles = 1;
-  c.stages = 3;
-  c.warps = 16;
-  // A split > 1 sizes the reduction area (the same for any split); the kernel chooses the split
-  // from its item count (kernels::small_launch_k_split).
-  c.k_split = 2;
-  return c;
+  // m4 n1 s3 w16; k_split 2: a split > 1 sizes the reduction area (the same for any split), and
+  // the kernel chooses the split from its item count (kernels::small_launch_k_split).
+  return GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 2};
 }
 
 StreamGemmConfig stream_config(const GemmChoice& c) {

@@ -423,30 +423,41 @@ TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
   }
 }
 
-// Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
-// chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
-TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
-  FP4MOE_SKIP_WITHOUT_GPU();
+// A 12-expert top-1 layer whose routing the caller gives as tokens per expert (the wgmma tail and
+// small-expert tests): H = 400 (6 chunks of 64 and a 16-wide tail), I = 208.
+LayerDesc twelve_expert_desc() {
   LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
   d.hidden = 400;
   d.intermediate = 208;
   d.experts = 12;
   d.top_k = 1;
-  const LayerWeights w = random_layer_weights(d, 18);
-  // Tokens per expert: r = count % 128 = 0, 1, 32, 33, 64, 65 and 127 (and one expert with none);
-  // modulo 64: 0, 1, 32, 33, 0, 1, 63.
-  const std::vector<int> counts = {128, 1, 32, 33, 64, 65, 127, 0, 129, 160, 161, 192};
-  std::int64_t T = 0;
-  for (int c : counts) T += c;
+  return d;
+}
+
+// Top-1 routing with counts[e] tokens for expert e, the experts' tokens interleaved (a fixed
+// shuffle) so that slots are not in token order.
+Routing routing_from_counts(const std::vector<int>& counts) {
   Routing r;
-  r.tokens = T;
+  for (int c : counts) r.tokens += c;
   r.top_k = 1;
   for (std::size_t e = 0; e < counts.size(); ++e) {
     for (int i = 0; i < counts[e]; ++i) r.ids.push_back(static_cast<std::int32_t>(e));
   }
-  // Interleave the experts' tokens (a fixed shuffle), so that slots are not in token order.
   for (std::size_t i = 0; i < r.ids.size(); ++i) std::swap(r.ids[i], r.ids[(i * 7919) % r.ids.size()]);
   r.weights.assign(r.ids.size(), 1.0f);
+  return r;
+}
+
+// Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
+// chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
+TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerDesc d = twelve_expert_desc();
+  const LayerWeights w = random_layer_weights(d, 18);
+  // Tokens per expert: r = count % 128 = 0, 1, 32, 33, 64, 65 and 127 (and one expert with none);
+  // modulo 64: 0, 1, 32, 33, 0, 1, 63.
+  const Routing r = routing_from_counts({128, 1, 32, 33, 64, 65, 127, 0, 129, 160, 161, 192});
+  const std::int64_t T = r.tokens;
   const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1800);
   const ReferenceResult ref = reference_forward_routed(w, x, r);
   for (const int nt : {16, 8}) {
@@ -471,11 +482,7 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
 // expert small, and none; on both GEMMs, on the first only (a stream second GEMM), and off.
 TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
-  LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
-  d.hidden = 400;
-  d.intermediate = 208;
-  d.experts = 12;
-  d.top_k = 1;
+  const LayerDesc d = twelve_expert_desc();
   const LayerWeights w = random_layer_weights(d, 19);
   const std::vector<std::vector<int>> cases = {
       {1, 8, 9, 0, 7, 33, 40, 65, 136, 2, 8, 129},   // small and large experts side by side
@@ -484,17 +491,8 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
   };
   const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
-    const std::vector<int>& counts = cases[ci];
-    std::int64_t T = 0;
-    for (int c : counts) T += c;
-    Routing r;
-    r.tokens = T;
-    r.top_k = 1;
-    for (std::size_t e = 0; e < counts.size(); ++e) {
-      for (int i = 0; i < counts[e]; ++i) r.ids.push_back(static_cast<std::int32_t>(e));
-    }
-    for (std::size_t i = 0; i < r.ids.size(); ++i) std::swap(r.ids[i], r.ids[(i * 7919) % r.ids.size()]);
-    r.weights.assign(r.ids.size(), 1.0f);
+    const Routing r = routing_from_counts(cases[ci]);
+    const std::int64_t T = r.tokens;
     const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1900 + ci);
     const ReferenceResult ref = reference_forward_routed(w, x, r);
     for (const int nt : {16, 4}) {
