@@ -138,8 +138,10 @@ struct StreamGemmArgs {
   // `active` / `n_active` the GroupArgs::small_experts list, its tb_prefix 0, 1, 2, ...: one
   // block per expert). Like a wgmma tail launch it starts without waiting for the launch before
   // it (whose own wait saw routing and the activations complete; it writes other rows) and waits
-  // for it before exiting, so the next kernel sees all of the GEMM done. Needs a ring depth of
-  // 2-4 and one 8-token tile (kernels compiled for it).
+  // for it before exiting, so the next kernel sees all of the GEMM done. Its kernels are compiled
+  // for 64-row items of one 8-token tile at ring depths of 2-4 (launch_stream_gemm refuses others);
+  // it chooses its K split itself (small_launch_k_split), the configuration's only sizes the
+  // reduction area.
   int small_launch = 0;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;

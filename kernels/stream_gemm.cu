@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
 // The small-expert launch (StreamGemmArgs::small_launch) of the same shapes: its own kernels, so
 // that the other instances' code stays as it was (a stream kernel's code size alone moved its time
 // in the layer: docs/PERF.md, history "J"). Compiled for the 64-row, one-token-tile item only, the
-// shape the dispatcher gives it (gpu::small_expert_launch).
+// shape the dispatcher gives it (gpu::small_expert_choice).
 template <int MT, int NT, StreamEpilogue EPI, int STAGES>
 __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
     fp4moe_stream_gemm_small(const StreamGemmArgs p, const int stages, const int k_split) {
