@@ -229,11 +229,14 @@ struct LayerGemmPlan {
   bool ok = false;
   LayerGemmPick pick;   // meaningful when ok
   std::string refusal;  // when not ok: why nothing can run, with the numbers
+  // The launches a forward makes after the pick's own (a wgmma pick's tail launches and the
+  // small-expert launch, docs/KERNELS.md), one line each; empty for the other kernels.
+  std::vector<std::string> then;
   // The pick first, then each family's table (the pick and each family's cheapest estimate marked)
   // and its rejected candidates; `top` > 0 keeps the `top` cheapest feasible rows per family.
   std::string to_string(int top = 0) const;
   std::string to_json() const;  // {"problem", "pick": {family, label, kernel, params, source, why, cost_us} |
-                                // null, "refusal", "plans": [...]}
+                                // null, "then": [...], "refusal", "plans": [...]}
 };
 // Never throws for an infeasible problem (see `ok`); throws like pick_layer_gemm for a rejected
 // forced preference and for bad input.

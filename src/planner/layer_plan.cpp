@@ -225,6 +225,19 @@ LayerGemmPlan plan_layer_gemm(const LayerDesc& layer, std::int64_t tokens, GemmK
     for (const auto& c : p.candidates) listed = listed || c.label == lp.pick.verdict.label;
     if (!listed) p.candidates.push_back(lp.pick.verdict);
   }
+  if (lp.pick.choice.kernel == GemmKernel::kWgmma) {
+    for (const gpu::TailLaunch& t : gpu::tail_launches(lp.pick.choice, arch.smem_per_block_optin)) {
+      lp.then.push_back(fmt::format("each expert's last {}-{} tokens: wgmma-gemm {}", t.lo + 1, t.hi,
+                                    gemm_choice_label(t.choice)));
+    }
+    // The small-expert launch follows a wgmma GEMM when the first GEMM runs on wgmma (the layer's
+    // rule, gpu::small_expert_max; MoeLayerOptions::small_expert_launch, on by default).
+    lp.then.push_back(fmt::format(
+        "the experts of 1-{} tokens, when at least {}{}: stream-gemm {} (K split chosen on the GPU)",
+        gpu::kSmallExpertTokens, gpu::small_expert_min(layer),
+        which == GemmKind::kDown ? " and the gate/up GEMM runs on wgmma too" : "",
+        gemm_choice_label(gpu::small_expert_choice())));
+  }
   return lp;
 }
 
@@ -234,6 +247,7 @@ std::string LayerGemmPlan::to_string(int top) const {
   if (ok) {
     s += fmt::format("  PICK: {} {}: {}; {:.2f} us estimated\n", pick.verdict.family, pick.verdict.label,
                      pick.why, pick.verdict.cost_us);
+    for (const std::string& t : then) s += fmt::format("  then {}\n", t);
   } else {
     s += fmt::format("  PICK: none: {}\n", refusal);
   }
@@ -267,6 +281,7 @@ std::string LayerGemmPlan::to_json() const {
   } else {
     j["pick"] = nullptr;
   }
+  j["then"] = then;
   j["refusal"] = refusal;
   auto arr = nlohmann::json::array();
   for (const auto& plan : plans) arr.push_back(nlohmann::json::parse(plan.to_json()));

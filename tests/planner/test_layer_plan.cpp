@@ -119,27 +119,54 @@ TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
 // wgmma_tail_class for the tail launches; together they must cover every token of every expert
 // once: the main launch's blocks (the last one partial only when no tail launch takes it) and at
 // most one tail launch's block of exactly the rest, on an instance wide enough for it.
+// With the small-expert launch (small_max 8), an expert of at most 8 tokens is its alone.
 TEST(LayerPlan, MainBlocksAndTailLaunchesCoverEveryTokenOnce) {
-  for (const int n_tiles : {4, 8, 16}) {
-    const int block = 8 * n_tiles;
-    const int tail_max = kernels::wgmma_tail_max(n_tiles);
-    for (int count = 1; count <= 4 * block + 1; ++count) {
-      SCOPED_TRACE(testing::Message() << "block " << block << ", count " << count);
-      const int blocks = kernels::main_token_blocks(count, block, tail_max);
-      const int in_main = std::min(count, blocks * block);
-      const int cls = kernels::wgmma_tail_class(count, block, tail_max);
-      const int in_tail = cls < 0 ? 0 : count - in_main;
-      EXPECT_EQ(in_main + in_tail, count);
-      if (cls >= 0) {
-        ASSERT_LT(cls, kernels::wgmma_tail_count(n_tiles));
-        const kernels::WgmmaTail t = kernels::wgmma_tail(n_tiles, cls);
-        EXPECT_GT(in_tail, t.lo);
-        EXPECT_LE(in_tail, t.hi);
-        EXPECT_LE(in_tail, 8 * t.n_tiles);  // fits the tail instance's block
-        EXPECT_EQ(in_main % block, 0);      // the main launch's blocks are all full
+  for (const int small_max : {0, 8})
+    for (const int n_tiles : {4, 8, 16}) {
+      const int block = 8 * n_tiles;
+      const int tail_max = kernels::wgmma_tail_max(n_tiles);
+      for (int count = 1; count <= 4 * block + 1; ++count) {
+        SCOPED_TRACE(testing::Message()
+                     << "block " << block << ", count " << count << ", small_max " << small_max);
+        const int blocks = kernels::main_token_blocks(count, block, tail_max, small_max);
+        const int in_main = std::min(count, blocks * block);
+        const int cls = kernels::wgmma_tail_class(count, block, tail_max, small_max);
+        const int in_tail = cls < 0 ? 0 : count - in_main;
+        const int in_small = count <= small_max ? count : 0;
+        EXPECT_TRUE(in_small == 0 || (in_main == 0 && in_tail == 0));
+        EXPECT_EQ(in_main + in_tail + in_small, count);
+        if (cls >= 0) {
+          ASSERT_LT(cls, kernels::wgmma_tail_count(n_tiles));
+          const kernels::WgmmaTail t = kernels::wgmma_tail(n_tiles, cls);
+          EXPECT_GT(in_tail, t.lo);
+          EXPECT_LE(in_tail, t.hi);
+          EXPECT_LE(in_tail, 8 * t.n_tiles);  // fits the tail instance's block
+          EXPECT_EQ(in_main % block, 0);      // the main launch's blocks are all full
+        }
       }
     }
-  }
+}
+
+// `fp4moe plan` lists what a forward launches after a wgmma pick: its tail launches and the
+// small-expert launch (for the down GEMM, only where the gate/up GEMM runs on wgmma too).
+TEST(LayerPlan, AWgmmaPickListsItsTailLaunchesAndTheSmallExpertLaunch) {
+  const auto& a = arch_by_name("sm_90");
+  const LayerGemmPlan up = plan_layer_gemm(glm5(), 4096, GemmKind::kGateUp, a);
+  ASSERT_TRUE(up.ok);
+  ASSERT_EQ(up.pick.choice.kernel, GemmKernel::kWgmma);
+  ASSERT_EQ(up.then.size(), 3u);
+  EXPECT_EQ(up.then[0], "each expert's last 33-64 tokens: wgmma-gemm n8 s8 w8");
+  EXPECT_EQ(up.then[1], "each expert's last 1-32 tokens: wgmma-gemm n4 s8 w8");
+  // 224 MB over GLM-5's 21.2 MB per expert: 11.
+  EXPECT_EQ(up.then[2],
+            "the experts of 1-8 tokens, when at least 11: stream-gemm m4 n1 k2 s3 w16 (K split "
+            "chosen on the GPU)");
+  EXPECT_NE(up.to_string().find("  then each expert's last 1-32 tokens"), std::string::npos);
+  EXPECT_NE(up.to_json().find("\"then\":["), std::string::npos);
+  const LayerGemmPlan down = plan_layer_gemm(glm5(), 256, GemmKind::kDown, a);
+  ASSERT_EQ(down.then.size(), 1u);  // 32-token blocks: no tail launches
+  EXPECT_NE(down.then[0].find("and the gate/up GEMM runs on wgmma too"), std::string::npos) << down.then[0];
+  EXPECT_TRUE(plan_layer_gemm(glm5(), 1, GemmKind::kGateUp, a).then.empty());  // the stream kernel
 }
 
 // The stream kernel's K split: the items counted with the shared expert's (9 x 64 at T=1, 17 x 64
