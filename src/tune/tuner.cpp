@@ -184,14 +184,14 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
       std::vector<GemmChoice> choices;
       for (const auto& c : job.candidates) choices.push_back(choice_of_candidate(c));
       const int n = static_cast<int>(choices.size());
-      const auto progress = [&](int round, int i) {
+      const auto on_sample = [&](int round, int i) {
         const auto& c = job.candidates[static_cast<std::size_t>(i)];
         report_progress(done + (round * n + i) / samples, total,
                         fmt::format("T={} {} {} (sample {}/{})", b, gemm_kind_name(job.gemm),
                                     c.family + " " + c.label, round + 1, samples));
       };
       const std::vector<gpu::GemmTiming> timings =
-          timer.time_gemms(job.gemm, choices, warmup, samples, progress);
+          timer.time_gemms(job.gemm, choices, warmup, samples, on_sample);
       for (std::size_t i = 0; i < job.candidates.size(); ++i) {
         const auto& c = job.candidates[i];
         TuneTiming t;
