@@ -390,34 +390,39 @@ namespace {
 
 using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
 
+// The kernel of compiled ring depth S: the small-expert launch's or the fixed-depth one.
+template <int MT, int NT, StreamEpilogue EPI, int S, bool SMALL>
+KernelFn depth_instance() {
+  if constexpr (SMALL) {
+    return fp4moe_stream_gemm_small<MT, NT, EPI, S>;
+  } else {
+    return fp4moe_stream_gemm_fixed<MT, NT, EPI, S>;
+  }
+}
+
+// The depths compiled in (2-4); nullptr for any other.
+template <int MT, int NT, StreamEpilogue EPI, bool SMALL>
+KernelFn by_depth(int stages) {
+  switch (stages) {
+    case 2:
+      return depth_instance<MT, NT, EPI, 2, SMALL>();
+    case 3:
+      return depth_instance<MT, NT, EPI, 3, SMALL>();
+    case 4:
+      return depth_instance<MT, NT, EPI, 4, SMALL>();
+    default:
+      return nullptr;
+  }
+}
+
 template <int MT, int NT, StreamEpilogue EPI>
 KernelFn pick_stages(int stages, bool small) {
   if (small) {
-    if constexpr (MT == 4 && NT == 1) {
-      switch (stages) {
-        case 2:
-          return fp4moe_stream_gemm_small<MT, NT, EPI, 2>;
-        case 3:
-          return fp4moe_stream_gemm_small<MT, NT, EPI, 3>;
-        case 4:
-          return fp4moe_stream_gemm_small<MT, NT, EPI, 4>;
-        default:
-          break;
-      }
-    }
+    if constexpr (MT == 4 && NT == 1) return by_depth<MT, NT, EPI, true>(stages);
     return nullptr;
   }
   if constexpr (NT == 1) {
-    switch (stages) {
-      case 2:
-        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 2>;
-      case 3:
-        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 3>;
-      case 4:
-        return fp4moe_stream_gemm_fixed<MT, NT, EPI, 4>;
-      default:
-        break;
-    }
+    if (const KernelFn fn = by_depth<MT, NT, EPI, false>(stages)) return fn;
   }
   return fp4moe_stream_gemm<MT, NT, EPI>;
 }
