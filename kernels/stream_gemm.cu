@@ -25,6 +25,7 @@
 #include "kernels/weight_layout.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace fp4moe::kernels {
 
@@ -258,51 +259,67 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-    for (int c = kb; c < ke; ++c) {
-      if constexpr (STAGES > 0) {
-        cp_async_wait<STAGES - 2>();
-      } else {
-        cp_async_wait_dynamic(stages - 2);
-      }
-      __syncwarp();
-      // Refill the stage consumed in the previous iteration (every lane is past it now).
-      issue(st);
-      st = lane_stage(st.w + stage_bytes == ring_end_r ? ring_first_r : st.w + stage_bytes);
+    // The chunk loop over the first NJ token tiles (NJ = NT but in the small-expert launch's
+    // two-tile instances, whose items of at most 8 tokens skip the second tile's loads and mma).
+    auto chunk_loop = [&](auto nj) {
+      constexpr int NJ = decltype(nj)::value;
+      for (int c = kb; c < ke; ++c) {
+        if constexpr (STAGES > 0) {
+          cp_async_wait<STAGES - 2>();
+        } else {
+          cp_async_wait_dynamic(stages - 2);
+        }
+        __syncwarp();
+        // Refill the stage consumed in the previous iteration (every lane is past it now).
+        issue(st);
+        st = lane_stage(st.w + stage_bytes == ring_end_r ? ring_first_r : st.w + stage_bytes);
 
-      std::uint32_t b[NT][4][2];
+        std::uint32_t b[NJ][4][2];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint4 lo4 = lds128(st.a_lo + j * StreamGemmLayout::kActTileBytes);
-        const uint4 hi4 = lds128(st.a_hi + j * StreamGemmLayout::kActTileBytes);
-        b[j][0][0] = lo4.x;
-        b[j][0][1] = lo4.y;
-        b[j][1][0] = lo4.z;
-        b[j][1][1] = lo4.w;
-        b[j][2][0] = hi4.x;
-        b[j][2][1] = hi4.y;
-        b[j][3][0] = hi4.z;
-        b[j][3][1] = hi4.w;
-      }
+        for (int j = 0; j < NJ; ++j) {
+          const uint4 lo4 = lds128(st.a_lo + j * StreamGemmLayout::kActTileBytes);
+          const uint4 hi4 = lds128(st.a_hi + j * StreamGemmLayout::kActTileBytes);
+          b[j][0][0] = lo4.x;
+          b[j][0][1] = lo4.y;
+          b[j][1][0] = lo4.z;
+          b[j][1][1] = lo4.w;
+          b[j][2][0] = hi4.x;
+          b[j][2][1] = hi4.y;
+          b[j][3][0] = hi4.z;
+          b[j][3][1] = hi4.w;
+        }
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        const uint4 wq = lds128(st.w + i * WeightLayout::kTileWeightBytes);
-        const std::uint32_t sc = lds16(st.w + sc_rel + i * WeightLayout::kTileScaleBytes);
-        // (byte, byte) -> bf16x2 scale factor: one PRMT and one IMAD each.
-        const std::uint32_t s_row_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
-        const std::uint32_t s_row_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
-        const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+        for (int i = 0; i < MT; ++i) {
+          const uint4 wq = lds128(st.w + i * WeightLayout::kTileWeightBytes);
+          const std::uint32_t sc = lds16(st.w + sc_rel + i * WeightLayout::kTileScaleBytes);
+          // (byte, byte) -> bf16x2 scale factor: one PRMT and one IMAD each.
+          const std::uint32_t s_row_g = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4040));
+          const std::uint32_t s_row_g8 = scale_pair_from_bytes(__byte_perm(sc, 0, 0x4141));
+          const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          std::uint32_t a[4];
-          decode_e2m1x8(words[s], a);
-          a[0] = bf16x2_mul(a[0], s_row_g);
-          a[1] = bf16x2_mul(a[1], s_row_g8);
-          a[2] = bf16x2_mul(a[2], s_row_g);
-          a[3] = bf16x2_mul(a[3], s_row_g8);
+          for (int s = 0; s < 4; ++s) {
+            std::uint32_t a[4];
+            decode_e2m1x8(words[s], a);
+            a[0] = bf16x2_mul(a[0], s_row_g);
+            a[1] = bf16x2_mul(a[1], s_row_g8);
+            a[2] = bf16x2_mul(a[2], s_row_g);
+            a[3] = bf16x2_mul(a[3], s_row_g8);
 #pragma unroll
-          for (int j = 0; j < NT; ++j) mma_bf16_16816(acc[i][j], a, b[j][s][0], b[j][s][1]);
+            for (int j = 0; j < NJ; ++j) mma_bf16_16816(acc[i][j], a, b[j][s][0], b[j][s][1]);
+          }
         }
       }
+    };
+    if constexpr (SMALL && NT == 2) {
+      // One expert per token block (the launch's tb_prefix is 0, 1, 2, ...).
+      const int e = p.active[item / p.row_blocks];
+      if (p.offsets[e + 1] - p.offsets[e] <= 8) {
+        chunk_loop(std::integral_constant<int, 1>{});
+      } else {
+        chunk_loop(std::integral_constant<int, 2>{});
+      }
+    } else {
+      chunk_loop(std::integral_constant<int, NT>{});
     }
 
     // The item's output rows and tokens, looked up only now: from the item's start they would hold
@@ -378,8 +395,9 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
 
 // The small-expert launch (StreamGemmArgs::small_launch) of the same shapes: its own kernels, so
 // that the other instances' code stays as it was (a stream kernel's code size alone moved its time
-// in the layer: docs/PERF.md, history "J"). Compiled for the 64-row, one-token-tile item only, the
-// shape the dispatcher gives it (gpu::small_expert_choice).
+// in the layer: docs/PERF.md, history "J"). Compiled for the 64-row items of one or two token
+// tiles only, the shapes the dispatcher gives it (gpu::small_expert_choice); the two-tile ones
+// run an expert of at most 8 tokens on one tile.
 template <int MT, int NT, StreamEpilogue EPI, int STAGES>
 __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
     fp4moe_stream_gemm_small(const StreamGemmArgs p, const int stages, const int k_split) {
@@ -418,7 +436,7 @@ KernelFn by_depth(int stages) {
 template <int MT, int NT, StreamEpilogue EPI>
 KernelFn pick_stages(int stages, bool small) {
   if (small) {
-    if constexpr (MT == 4 && NT == 1) return by_depth<MT, NT, EPI, true>(stages);
+    if constexpr (MT == 4 && (NT == 1 || NT == 2)) return by_depth<MT, NT, EPI, true>(stages);
     return nullptr;
   }
   if constexpr (NT == 1) {

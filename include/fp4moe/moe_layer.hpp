@@ -71,9 +71,12 @@ struct MoeLayerOptions {
   // With PDL on sm_90+: a decode-path (stream kernel) GEMM2 prefetches the first weights of its
   // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
   bool l2_prefetch = true;
-  // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with at most 8 tokens run
+  // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with at most 8 (or 16) tokens run
   // whole on the weight-streaming kernel instead, one more launch per GEMM (docs/KERNELS.md).
   bool small_expert_launch = true;
+  // The most tokens of such an expert: 8 or 16 (two token tiles per item; an expert of at most 8
+  // tokens then skips the second); -1: the layer's choice (16).
+  int small_expert_tokens = -1;
   // The fewest such experts for which they do (a forward with fewer runs them on wgmma too); -1:
   // the layer's estimate of where the extra launch pays (about 224 MB of their weights).
   int small_expert_min = -1;

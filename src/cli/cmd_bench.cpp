@@ -41,7 +41,7 @@ void register_bench(CLI::App& app) {
   struct Opts {
     LayerShapeOptions layer;
     std::string tokens;
-    int iterations = 50, warmup = 5, sets = 4;
+    int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false;
     std::uint64_t seed = 1;
     std::string json;
@@ -62,8 +62,12 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-l2-prefetch", o->no_l2_prefetch,
                 "Turn off the decode GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; for A/B runs)");
   cmd->add_flag("--no-small-expert-launch", o->no_small_experts,
-                "Run the experts of at most 8 tokens on the wgmma kernel too, not on the stream kernel "
+                "Run the experts of at most 16 tokens on the wgmma kernel too, not on the stream kernel "
                 "(MoeLayerOptions::small_expert_launch; for A/B runs)");
+  cmd->add_option("--small-expert-tokens", o->small_expert_tokens,
+                  "The most tokens of an expert that the small-expert launch takes: 8 or 16, -1 the layer's "
+                  "choice (MoeLayerOptions::small_expert_tokens; for A/B runs)")
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->callback([o, cmd] {
@@ -95,6 +99,7 @@ void register_bench(CLI::App& app) {
     b.stages = o->stages;
     b.l2_prefetch = !o->no_l2_prefetch;
     b.small_expert_launch = !o->no_small_experts;
+    b.small_expert_tokens = o->small_expert_tokens;
     b.seed = o->seed;
     b.cpu = o->cpu;
     const bench::BenchReport r =

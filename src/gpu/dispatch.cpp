@@ -200,8 +200,13 @@ int tail_max(const GemmChoice& c) {
   return c.kernel == GemmKernel::kWgmma ? kernels::wgmma_tail_max(c.n_tiles) : 0;
 }
 
-int small_expert_max(const GemmChoice& gate_up, bool enabled) {
-  return enabled && gate_up.kernel == GemmKernel::kWgmma ? kSmallExpertTokens : 0;
+bool valid_small_expert_tokens(int max_tokens) {
+  return std::find(std::begin(kSmallExpertTokenBounds), std::end(kSmallExpertTokenBounds), max_tokens) !=
+         std::end(kSmallExpertTokenBounds);
+}
+
+int small_expert_max(const GemmChoice& gate_up, bool enabled, int max_tokens) {
+  return enabled && gate_up.kernel == GemmKernel::kWgmma ? max_tokens : 0;
 }
 
 int small_expert_min(const LayerDesc& desc) {
@@ -216,9 +221,10 @@ int small_expert_min(const LayerDesc& desc) {
   return static_cast<int>(std::ceil(kPaysFromBytes / expert_bytes));
 }
 
-GemmChoice small_expert_choice() {
-  // m4 n1 s3 w16; k_split 2: a split > 1 sizes the reduction area (the same for any split), and
-  // the kernel chooses the split from its item count (kernels::small_launch_k_split).
+GemmChoice small_expert_choice(int small_max) {
+  // m4 n1 s3 w16 (m4 n2 s2 w16); k_split 2: a split > 1 sizes the reduction area (the same for any
+  // split), and the kernel chooses the split from its item count (kernels::small_launch_k_split).
+  if (small_max > 8) return GemmChoice{GemmKernel::kStream, 4, 2, 2, 16, 2};
   return GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 2};
 }
 

@@ -53,18 +53,29 @@ int tail_max(const GemmChoice& c);
 // the second). Both GEMMs take the same experts, or the second none (a stream second GEMM takes
 // every expert): the small experts' h is written in natural k order, which only the stream kernel
 // reads.
-inline constexpr int kSmallExpertTokens = 8;
+// kSmallExpertTokens is the default bound (MoeLayerOptions::small_expert_tokens): items of two
+// 8-token tiles, whose experts of at most 8 tokens skip the second tile; 8 is the other bound
+// compiled (one tile, a deeper ring). On the H200 (2026-12-01, 16 against 8, alternated four times)
+// GLM-5 was 1.016x faster at T=128, 1.040x at T=160, 1.024x at T=256, at par at T=96, 192 and
+// 1024; Qwen3-235B 1.062x at T=96, 1.055x at T=192, 1.114x at T=256, 0.987x at T=128 and 0.989x
+// at T=384 (where neither bound takes any expert).
+inline constexpr int kSmallExpertTokens = 16;
+inline constexpr int kSmallExpertTokenBounds[] = {8, 16};
+bool valid_small_expert_tokens(int max_tokens);
 // The most tokens an expert of the small-expert launch holds under the first GEMM's choice
-// (GroupArgs::tb_small of a wgmma GEMM); 0: no small-expert launch.
-int small_expert_max(const GemmChoice& gate_up, bool enabled);
+// (GroupArgs::tb_small of a wgmma GEMM), max_tokens (one of kSmallExpertTokenBounds) when the
+// launch is enabled; 0: no small-expert launch.
+int small_expert_max(const GemmChoice& gate_up, bool enabled, int max_tokens = kSmallExpertTokens);
 // The fewest small experts for which the small-expert launch takes them (GroupArgs::small_min; the
 // routing's scan decides per forward): with fewer, the launch's own cost exceeds what it saves.
 int small_expert_min(const LayerDesc& desc);
-// Its configuration: 64-row items of one 8-token tile, one CTA of 16 warps per SM with a 3-stage
-// ring (the dispatcher's stream pick for a few tokens per expert on the H200), and room for the
-// K split that the kernel chooses from the number of small experts (kernels::small_launch_k_split;
-// the configuration's k_split is 2, which sizes that room for any split).
-GemmChoice small_expert_choice();
+// Its configuration for experts of at most small_max tokens: 64-row items of one 8-token tile (8),
+// or of two (16), one CTA of 16 warps per SM with a 3-stage ring (the dispatcher's stream pick for
+// a few tokens per expert on the H200), 2 stages with two tiles (3 do not fit beside the
+// reduction area), and room for the K split that the kernel chooses from the number of small
+// experts (kernels::small_launch_k_split; the configuration's k_split is 2, which sizes that room
+// for any split).
+GemmChoice small_expert_choice(int small_max = kSmallExpertTokens);
 
 kernels::StreamGemmConfig stream_config(const GemmChoice& c);
 kernels::TileGemmConfig tile_config(const GemmChoice& c);

@@ -1,6 +1,7 @@
 #include "fp4moe/moe_layer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <vector>
@@ -204,15 +205,18 @@ struct MoeLayer::Impl {
   // c1 (0: none), its configuration judged by the planner for both GEMMs (it throws, naming the
   // reason, if rejected: never launched).
   int small_max(std::int64_t tokens, const GemmChoice& c1) const {
-    const int s = gpu::small_expert_max(c1, options.small_expert_launch);
+    const int s = gpu::small_expert_max(c1, options.small_expert_launch, small_tokens());
     if (s > 0) {
       for (const gpu::Gemm which : {gpu::Gemm::kGateUp, gpu::Gemm::kDown}) {
         pick_layer_gemm(
             desc, tokens, gemm_kind(which), arch, &measured,
-            GemmPreference{gpu::small_expert_choice(), PickSource::kForced, "the small-expert launch"});
+            GemmPreference{gpu::small_expert_choice(s), PickSource::kForced, "the small-expert launch"});
       }
     }
     return s;
+  }
+  int small_tokens() const {
+    return options.small_expert_tokens >= 0 ? options.small_expert_tokens : gpu::kSmallExpertTokens;
   }
   int small_min() const {
     return options.small_expert_min >= 0 ? options.small_expert_min : gpu::small_expert_min(desc);
@@ -379,15 +383,16 @@ struct MoeLayer::Impl {
 
   // The small-expert launch of GEMM `which` (after its wgmma launches): the stream kernel over the
   // experts of at most the decision's small_max tokens, reading x (GEMM1) or h in natural k order.
-  void launch_small(gpu::Gemm which, const Bf16* x, kernels::StreamEpilogue epi, bool pdl,
+  void launch_small(gpu::Gemm which, const Bf16* x, int small_max, kernels::StreamEpilogue epi, bool pdl,
                     Stream stream) const {
-    kernels::StreamGemmArgs a = gemm_args(which, gpu::small_expert_choice(), x, false);
+    const GemmChoice c = gpu::small_expert_choice(small_max);
+    kernels::StreamGemmArgs a = gemm_args(which, c, x, false);
     a.active = small_experts;
     a.n_active = small_count;
     a.tb_prefix = small_prefix;
     a.l2_prefetch_chunks = 0;
     a.small_launch = 1;
-    launch(a, gpu::small_expert_choice(), epi, pdl, stream);
+    launch(a, c, epi, pdl, stream);
   }
 
   // Routes (from logits, or groups the caller's ids when logits is null) and groups the T*k picks
@@ -419,6 +424,10 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   require(options.small_expert_min >= -1,
           "small_expert_min = {} must be -1 (the layer's estimate) or a number of experts (0 or more)",
           options.small_expert_min);
+  require(options.small_expert_tokens == -1 || gpu::valid_small_expert_tokens(options.small_expert_tokens),
+          "small_expert_tokens = {} must be -1 (the layer's choice, {}) or one of {}",
+          options.small_expert_tokens, gpu::kSmallExpertTokens,
+          fmt::join(gpu::kSmallExpertTokenBounds, ", "));
   require(d.experts <= kernels::kMaxRoutedExperts, "experts = {}: the GPU router handles at most {}",
           d.experts, kernels::kMaxRoutedExperts);
   require(d.top_k <= kernels::kMaxTopK, "top_k = {}: the GPU router handles at most {}", d.top_k,
@@ -748,8 +757,8 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   for (const gpu::TailLaunch& t : decision.tails[1]) grid(t.choice, e2);
   const bool small1 = tb_small(c1, decision.small_max) > 0;
   const bool small2 = tb_small(c2, decision.small_max) > 0;
-  if (small1) grid(gpu::small_expert_choice(), e1);
-  if (small2) grid(gpu::small_expert_choice(), e2);
+  if (small1) grid(gpu::small_expert_choice(decision.small_max), e1);
+  if (small2) grid(gpu::small_expert_choice(decision.small_max), e2);
 
   route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
   if (last == ForwardStage::kRouting) return;
@@ -757,11 +766,11 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   if (last == ForwardStage::kGather) return;
   launch_with_tails(gpu::Gemm::kGateUp, gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma),
                     c1, decision.tails[0], e1, pdl, stream);
-  if (small1) launch_small(gpu::Gemm::kGateUp, x, e1, pdl, stream);
+  if (small1) launch_small(gpu::Gemm::kGateUp, x, decision.small_max, e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
   launch_with_tails(gpu::Gemm::kDown, gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2,
                     pdl, stream);
-  if (small2) launch_small(gpu::Gemm::kDown, x, e2, pdl, stream);
+  if (small2) launch_small(gpu::Gemm::kDown, x, decision.small_max, e2, pdl, stream);
   if (last == ForwardStage::kDown) return;
 
   kernels::FinalizeArgs fa;
@@ -830,7 +839,7 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const int small_max = m.small_max(tokens, p1.choice);
   const auto small_launch = [&](gpu::Gemm which, const GemmChoice& c) {
     if (Impl::tb_small(c, small_max) == 0) return std::string();
-    const GemmChoice sc = gpu::small_expert_choice();
+    const GemmChoice sc = gpu::small_expert_choice(small_max);
     return fmt::format(
         "; then the experts of 1-{} tokens, when at least {}: {} (K split chosen on the GPU), grid {}",
         small_max, m.small_min(), sc.to_string(), m.grid(sc, m.epilogue(which)));
@@ -958,7 +967,7 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
       // tail launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
       const auto launch_once = [&] {
         m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream);
-        if (small) m.launch_small(g, x, epi, m.use_pdl(), t.stream);
+        if (small) m.launch_small(g, x, small_max, epi, m.use_pdl(), t.stream);
       };
       GemmTiming& timing = out[i];
       if (r == 0) {

@@ -477,9 +477,11 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
   }
 }
 
-// Experts of at most 8 tokens run whole on the stream kernel after each wgmma GEMM's launches (the
-// small-expert launch): counts on both sides of 8, with and without main blocks beside them, every
-// expert small, and none; on both GEMMs, on the first only (a stream second GEMM), and off.
+// Experts of at most 8 (or 16) tokens run whole on the stream kernel after each wgmma GEMM's
+// launches (the small-expert launch): counts on both sides of 8 and 16, with and without main
+// blocks beside them, every expert small, and none; on both GEMMs, on the first only (a stream
+// second GEMM), and off; with one token tile per item (8) and two (16, whose experts of at most 8
+// tokens skip the second).
 TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = twelve_expert_desc();
@@ -488,6 +490,7 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
       {1, 8, 9, 0, 7, 33, 40, 65, 136, 2, 8, 129},   // small and large experts side by side
       {1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 8, 3},          // every expert small: the wgmma launches have no item
       {9, 10, 40, 0, 65, 0, 32, 33, 64, 9, 12, 16},  // none small: the small-expert launch has no item
+      {16, 15, 9, 1, 12, 17, 0, 8, 10, 14, 13, 11},  // 1-17 tokens: one or two tiles under 16
   };
   const GemmChoice stream{GemmKernel::kStream, 4, 1, 3, 8, 1};
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
@@ -496,27 +499,28 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
     const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1900 + ci);
     const ReferenceResult ref = reference_forward_routed(w, x, r);
     for (const int nt : {16, 4}) {
-      // 0: both GEMMs wgmma; 1: GEMM2 stream; 2: launch off; 3: fewer small experts than it needs
-      // (it runs empty, the wgmma launches take them).
-      for (int mode = 0; mode < 4; ++mode) {
+      // mode % 4: 0 both GEMMs wgmma; 1 GEMM2 stream; 2 launch off; 3 fewer small experts than it
+      // needs (it runs empty, the wgmma launches take them). Modes 4-7: the same with bound 16.
+      for (int mode = 0; mode < 8; ++mode) {
+        const int bound = mode < 4 ? 8 : 16;
         MoeLayerOptions o;
+        o.small_expert_tokens = bound;
         o.max_tokens = T;
         o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
-        if (mode == 1) o.gemm2 = stream;
-        o.small_expert_launch = mode != 2;
-        o.small_expert_min = mode == 3 ? 13 : 1;  // the layer's estimate is in the thousands here
+        if (mode % 4 == 1) o.gemm2 = stream;
+        o.small_expert_launch = mode % 4 != 2;
+        o.small_expert_min = mode % 4 == 3 ? 13 : 1;  // the layer's estimate is in the thousands here
         SCOPED_TRACE("case " + std::to_string(ci) + ", " + o.gemm1->to_string() + " / " +
                      o.gemm2->to_string() + ", mode " + std::to_string(mode));
         on_forced_layer(w, o, [&](const MoeLayer& layer) {
           const std::string plan = layer.plan_summary(T);
+          const std::string line = "experts of 1-" + std::to_string(bound) + " tokens";
           const auto small_launches = [&] {
             std::size_t n = 0;
-            for (std::size_t at = plan.find("experts of 1-8 tokens"); at != std::string::npos;
-                 at = plan.find("experts of 1-8 tokens", at + 1))
-              ++n;
+            for (std::size_t at = plan.find(line); at != std::string::npos; at = plan.find(line, at + 1)) ++n;
             return n;
           }();
-          EXPECT_EQ(small_launches, mode == 0 || mode == 3 ? 2u : (mode == 1 ? 1u : 0u)) << plan;
+          EXPECT_EQ(small_launches, mode % 4 == 0 || mode % 4 == 3 ? 2u : (mode % 4 == 1 ? 1u : 0u)) << plan;
           const auto out = run_gpu_routed(layer, x, r);
           EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
           const auto again = run_gpu_routed(layer, x, r);
@@ -665,6 +669,21 @@ TEST(GpuMoeLayer, RejectsANegativeSmallExpertMin) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("small_expert_min = -2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuMoeLayer, RejectsASmallExpertTokenBoundNotCompiled) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
+  MoeLayerOptions o;
+  o.small_expert_tokens = 12;
+  try {
+    const MoeLayer layer(w, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("small_expert_tokens = 12"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8, 16"), std::string::npos) << e.what();
   }
 }
 

@@ -119,9 +119,14 @@ TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
 // wgmma_tail_class for the tail launches; together they must cover every token of every expert
 // once: the main launch's blocks (the last one partial only when no tail launch takes it) and at
 // most one tail launch's block of exactly the rest, on an instance wide enough for it.
-// With the small-expert launch (small_max 8), an expert of at most 8 tokens is its alone.
+// With the small-expert launch (small_max 8 or 16), an expert of at most small_max tokens is its
+// alone, and one item of the launch's configuration holds all its tokens.
 TEST(LayerPlan, MainBlocksAndTailLaunchesCoverEveryTokenOnce) {
-  for (const int small_max : {0, 8})
+  for (const int small_max : {8, 16}) {
+    EXPECT_TRUE(gpu::valid_small_expert_tokens(small_max));
+    EXPECT_GE(8 * gpu::small_expert_choice(small_max).n_tiles, small_max);
+  }
+  for (const int small_max : {0, 8, 16})
     for (const int n_tiles : {4, 8, 16}) {
       const int block = 8 * n_tiles;
       const int tail_max = kernels::wgmma_tail_max(n_tiles);
@@ -159,7 +164,7 @@ TEST(LayerPlan, AWgmmaPickListsItsTailLaunchesAndTheSmallExpertLaunch) {
   EXPECT_EQ(up.then[1], "each expert's last 1-32 tokens: wgmma-gemm n4 s8 w8");
   // 224 MB over GLM-5's 21.2 MB per expert: 11.
   EXPECT_EQ(up.then[2],
-            "the experts of 1-8 tokens, when at least 11: stream-gemm m4 n1 k2 s3 w16 (K split "
+            "the experts of 1-16 tokens, when at least 11: stream-gemm m4 n2 k2 s2 w16 (K split "
             "chosen on the GPU)");
   EXPECT_NE(up.to_string().find("  then each expert's last 1-32 tokens"), std::string::npos);
   EXPECT_NE(up.to_json().find("\"then\":["), std::string::npos);
