@@ -139,10 +139,15 @@ struct StreamGemmArgs {
   // block per expert). Like a wgmma tail launch it starts without waiting for the launch before
   // it (whose own wait saw routing and the activations complete; it writes other rows) and waits
   // for it before exiting, so the next kernel sees all of the GEMM done. Its kernels are compiled
-  // for 64-row items of one 8-token tile at ring depths of 2-4 (launch_stream_gemm refuses others);
-  // it chooses its K split itself (small_launch_k_split), the configuration's only sizes the
-  // reduction area.
+  // for 64-row items of one or two 8-token tiles at ring depths of 2-4 (launch_stream_gemm refuses
+  // others); it chooses its K split itself (small_launch_k_split), the configuration's only sizes
+  // the reduction area.
   int small_launch = 0;
+  // The small-expert launch's item counter and count of finished warps ([2], zero before the
+  // launch; the launch leaves them zero). Without a K split its warps claim items from it rather
+  // than taking every W-th: its CTAs start as the wgmma launches' CTAs retire, over a whole item's
+  // time, and a fixed share left the late ones finishing last.
+  std::int32_t* small_claims = nullptr;
   void* out = nullptr;  // GEMM1: bf16 [slots, I]; GEMM2: bf16 [slots, H]
   std::int64_t out_ld = 0;
   int out_permuted = 0;  // GEMM1: store h in mma-k order (permuted_k) for a wgmma GEMM2

@@ -51,7 +51,9 @@ struct ItemView {
 // The view of work item `item`. `cursor` is the active-expert index of the caller's previous
 // item: a warp's items only grow, so the expert is found by walking forward from it (a binary
 // search per item cost more than the chunk loop at decode sizes).
-template <int MT, int NT>
+// DIRECT: the small-expert launch, whose tb_prefix is 0, 1, 2, ... (one block per expert): the
+// block index is the active index.
+template <int MT, int NT, bool DIRECT = false>
 __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::int64_t item, int n_active,
                                                   int lane, int& cursor) {
   const int g = lane >> 2;
@@ -60,7 +62,11 @@ __device__ __forceinline__ ItemView<NT> view_item(const StreamGemmArgs& p, std::
   const int pb = static_cast<int>(item / p.row_blocks);
   const int rb = static_cast<int>(item % p.row_blocks);
   // Active expert a with tb_prefix[a] <= pb < tb_prefix[a + 1].
-  while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+  if constexpr (DIRECT) {
+    cursor = pb;
+  } else {
+    while (cursor + 1 < n_active && p.tb_prefix[cursor + 1] <= pb) ++cursor;
+  }
   const int lo = cursor;
   v.expert = p.active[lo];
   v.slot0 = p.offsets[v.expert] + (pb - p.tb_prefix[lo]) * 8 * NT;
@@ -201,14 +207,31 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
   const int a_hi_rel = static_cast<int>(opaque_u32(kActOff + lane * 16 + act_half_offset(lane, 1)));
   const auto lane_stage = [&](std::uint32_t w) { return LaneStage{w, w + a_lo_rel, w + a_hi_rel}; };
 
+  // The small-expert launch without a K split claims its items (StreamGemmArgs::small_claims):
+  // lane 0 asks for the item after the loader's current one when the loader starts that one, so
+  // the atomic's latency passes while the item streams. The consumer then takes the loader's
+  // item when it ends one, which needs the loader at most one item ahead: items of at least
+  // `stages` chunks. Any warp may take any item: each is one warp's, so results do not change.
+  const bool claims = SMALL && k_split == 1 && p.n_chunks >= stages && total_items > 0;
+  int next_claim = 0;  // lane 0: the claimed item after the loader's
+  const auto claim = [&]() {
+    if (lane == 0) next_claim = atomicAdd(p.small_claims, 1);
+  };
+  const auto claimed = [&]() -> std::int64_t { return __shfl_sync(0xffffffffu, next_claim, 0); };
+
   // The loader runs stages-1 chunks ahead of the consumer, across item boundaries. A warp
   // without K chunks loads nothing (it still commits its empty groups).
   std::int64_t ld_item = ke > kb ? first_item : total_items;
+  if (claims) {
+    claim();
+    ld_item = claimed();
+    if (ld_item < total_items) claim();
+  }
   int ld_chunk = kb;
   ItemView<NT> ld;  // read only while ld_item < total_items
   int ld_cursor = 0;
   int cur_cursor = 0;
-  if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, lane, ld_cursor);
+  if (ld_item < total_items) ld = view_item<MT, NT, SMALL>(p, ld_item, n_active, lane, ld_cursor);
   // Fills stage `st` with the loader's next chunk (or commits an empty group once the warp's
   // items are done, keeping the group count in step with the consumer).
   auto issue = [&](const LaneStage& st) {
@@ -233,8 +256,13 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
       }
       if (++ld_chunk == ke) {
         ld_chunk = kb;
-        ld_item += item_stride;
-        if (ld_item < total_items) ld = view_item<MT, NT>(p, ld_item, n_active, lane, ld_cursor);
+        if (claims) {
+          ld_item = claimed();
+          if (ld_item < total_items) claim();
+        } else {
+          ld_item += item_stride;
+        }
+        if (ld_item < total_items) ld = view_item<MT, NT, SMALL>(p, ld_item, n_active, lane, ld_cursor);
       }
     }
     cp_async_commit();
@@ -250,7 +278,8 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
   const std::uint32_t ring_first_r = opaque_u32(ring_first);
   const std::uint32_t ring_end_r = opaque_u32(ring_end);
   LaneStage st = lane_stage(ring_first + (stages - 1) * stage_bytes);
-  for (std::int64_t item = first_item; item < total_items; item += item_stride) {
+  const std::int64_t consumer_first = claims ? ld_item : first_item;
+  for (std::int64_t item = consumer_first; item < total_items; item = claims ? ld_item : item + item_stride) {
     float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -325,7 +354,7 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
     // The item's output rows and tokens, looked up only now: from the item's start they would hold
     // four registers across the chunk loop (the <4, 2> instances sit at the 128 registers of 2 CTAs
     // per SM and spilled on sm_120).
-    const ItemView<NT> cur = view_item<MT, NT>(p, item, n_active, lane, cur_cursor);
+    const ItemView<NT> cur = view_item<MT, NT, SMALL>(p, item, n_active, lane, cur_cursor);
     // Epilogue of one m16n8 tile: lane holds rows g and g+8 for tokens 8j + 2t + {0, 1}.
     auto store_tile = [&](int i, int j, const float(&v)[4]) {
 #pragma unroll
@@ -368,6 +397,15 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
     }
   }
   cp_async_wait<0>();
+  if (claims && lane == 0) {
+    // Every warp has made its last claim once it counts itself finished: the last one leaves
+    // the counters zero for the next launch.
+    const int warps_total = static_cast<int>(gridDim.x) * warps;
+    if (atomicAdd(p.small_claims + 1, 1) == warps_total - 1) {
+      atomicExch(p.small_claims, 0);
+      atomicExch(p.small_claims + 1, 0);
+    }
+  }
   if constexpr (SMALL) pdl_wait();
 }
 

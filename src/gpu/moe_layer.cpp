@@ -154,6 +154,9 @@ struct MoeLayer::Impl {
   // The small-expert launch's experts and their number (GroupArgs::small_experts), and its
   // token-block prefix: 0, 1, 2, ... (one block per expert), written once at construction.
   std::int32_t *small_experts = nullptr, *small_count = nullptr, *small_prefix = nullptr;
+  // Per GEMM, the small-expert launch's item counter and finished-warp count
+  // (StreamGemmArgs::small_claims): zeroed here, and each launch leaves them zero.
+  std::int32_t* small_claims = nullptr;
   std::int32_t *slot_token = nullptr, *pair_slot = nullptr;
   std::uint16_t* h = nullptr;
   std::uint16_t* y = nullptr;  // bf16 [slots, H]: the down GEMM's output per (token, pick)
@@ -392,6 +395,7 @@ struct MoeLayer::Impl {
     a.tb_prefix = small_prefix;
     a.l2_prefetch_chunks = 0;
     a.small_launch = 1;
+    a.small_claims = small_claims + (which == gpu::Gemm::kGateUp ? 0 : 2);
     launch(a, c, epi, pdl, stream);
   }
 
@@ -565,6 +569,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_small = carve(static_cast<std::size_t>(ne) * 4);
   const std::size_t o_small_count = carve(4);
   const std::size_t o_small_prefix = carve(static_cast<std::size_t>(ne + 1) * 4);
+  const std::size_t o_small_claims = carve(4 * 4);
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
@@ -591,6 +596,8 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   m.small_experts = reinterpret_cast<std::int32_t*>(base + o_small);
   m.small_count = reinterpret_cast<std::int32_t*>(base + o_small_count);
   m.small_prefix = reinterpret_cast<std::int32_t*>(base + o_small_prefix);
+  m.small_claims = reinterpret_cast<std::int32_t*>(base + o_small_claims);
+  FP4MOE_CUDA_CHECK(cudaMemset(m.small_claims, 0, 4 * 4));
   m.slot_token = reinterpret_cast<std::int32_t*>(base + o_slot_token);
   m.pair_slot = reinterpret_cast<std::int32_t*>(base + o_pair_slot);
   m.h = reinterpret_cast<std::uint16_t*>(base + o_h);
