@@ -534,7 +534,8 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
 
 // Without a K split the small-expert launch's warps claim their items from a counter that each
 // launch leaves zero for the next (StreamGemmArgs::small_claims): enough small experts for a 1-way
-// split on both GEMMs, two forwards of different inputs (a counter left nonzero would leave the
+// split on both GEMMs, beside wgmma launches of 32-token blocks and of 128-token blocks with both
+// tail launches, and two forwards of different inputs (a counter left nonzero would leave the
 // second forward's small experts unwritten), each against the reference.
 TEST(GpuMoeLayer, WgmmaSmallExpertLaunchClaimsItsItems) {
   FP4MOE_SKIP_WITHOUT_GPU();
@@ -544,25 +545,32 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchClaimsItsItems) {
   d.experts = 256;
   const LayerWeights w = random_layer_weights(d, 23);
   std::vector<int> counts(static_cast<std::size_t>(d.experts));
-  for (int e = 0; e < d.experts; ++e)
-    counts[static_cast<std::size_t>(e)] = e % 29 == 0 ? 40 + e % 3 : e * 37 % 17;
+  for (int e = 0; e < d.experts; ++e) {
+    int& c = counts[static_cast<std::size_t>(e)];
+    c = e % 29 == 0 ? 40 + e % 3 : (e % 31 == 5 ? 20 + e % 11 : e * 37 % 17);
+  }
+  counts[7] = 300;  // two 128-token blocks and a 44-token tail
   const Routing r = routing_from_counts(counts);
   const std::int64_t T = r.tokens;
-  MoeLayerOptions o;
-  o.max_tokens = T;
-  o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, 4, 4, 8, 1};
-  o.small_expert_min = 1;
-  on_forced_layer(w, o, [&](const MoeLayer& layer) {
-    for (std::uint64_t seed : {2300u, 2301u}) {
-      SCOPED_TRACE("input seed " + std::to_string(seed));
-      const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), seed);
-      const ReferenceResult ref = reference_forward_routed(w, x, r);
-      const auto out = run_gpu_routed(layer, x, r);
-      EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
-      const auto again = run_gpu_routed(layer, x, r);
-      EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
-    }
-  });
+  for (const int nt : {4, 16}) {
+    MoeLayerOptions o;
+    o.max_tokens = T;
+    o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
+    o.small_expert_min = 1;
+    SCOPED_TRACE(o.gemm1->to_string());
+    on_forced_layer(w, o, [&](const MoeLayer& layer) {
+      for (std::uint64_t seed : {2300u, 2301u}) {
+        SCOPED_TRACE("input seed " + std::to_string(seed));
+        const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), seed);
+        const ReferenceResult ref = reference_forward_routed(w, x, r);
+        const auto out = run_gpu_routed(layer, x, r);
+        EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
+        const auto again = run_gpu_routed(layer, x, r);
+        EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+      }
+    });
+    if (IsSkipped()) return;
+  }
 }
 
 TEST(GpuMoeLayer, LargeTokenCountsUseTheTiledKernel) {
