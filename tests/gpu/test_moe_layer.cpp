@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fp4moe/error.hpp"
 #include "fp4moe/layer.hpp"
@@ -699,32 +702,29 @@ TEST(GpuMoeLayer, RejectsTooManyTokens) {
   }
 }
 
-TEST(GpuMoeLayer, RejectsANegativeSmallExpertMin) {
+// The small-expert launch's options out of range: a small_expert_min below -1, and a
+// small_expert_tokens bound with no kernels compiled for it. The message names the value and what
+// is accepted.
+TEST(GpuMoeLayer, RejectsBadSmallExpertOptions) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
-  MoeLayerOptions o;
-  o.small_expert_min = -2;
-  try {
-    const MoeLayer layer(w, o);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("small_expert_min = -2"), std::string::npos) << e.what();
-  }
-}
-
-TEST(GpuMoeLayer, RejectsASmallExpertTokenBoundNotCompiled) {
-  FP4MOE_SKIP_WITHOUT_GPU();
-  const LayerWeights w = random_layer_weights(small_desc(RouterKind::kSoftmaxTopK), 13);
-  MoeLayerOptions o;
-  o.small_expert_tokens = 12;
-  try {
-    const MoeLayer layer(w, o);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("small_expert_tokens = 12"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("8, 16"), std::string::npos) << e.what();
+  MoeLayerOptions min_bad;
+  min_bad.small_expert_min = -2;
+  MoeLayerOptions tokens_bad;
+  tokens_bad.small_expert_tokens = 12;
+  const std::pair<MoeLayerOptions, std::vector<std::string>> cases[] = {
+      {min_bad, {"small_expert_min = -2"}},
+      {tokens_bad, {"small_expert_tokens = 12", "8, 16"}},
+  };
+  for (const auto& [o, needles] : cases) {
+    try {
+      const MoeLayer layer(w, o);
+      ADD_FAILURE() << "no error for " << needles.front();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
   }
 }
 
