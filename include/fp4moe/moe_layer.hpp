@@ -71,8 +71,9 @@ struct MoeLayerOptions {
   // With PDL on sm_90+: a decode-path (stream kernel) GEMM2 prefetches the first weights of its
   // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
   bool l2_prefetch = true;
-  // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with at most 8 (or 16) tokens run
-  // whole on the weight-streaming kernel instead, one more launch per GEMM (docs/KERNELS.md).
+  // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with few tokens (at most
+  // small_expert_tokens) run whole on the weight-streaming kernel instead, one more launch per GEMM
+  // (docs/KERNELS.md).
   bool small_expert_launch = true;
   // The most tokens of such an expert: 8 or 16 (two token tiles per item; an expert of at most 8
   // tokens then skips the second); -1: the layer's choice (16).
