@@ -66,6 +66,15 @@ std::vector<Bf16> run_gpu_routed(const MoeLayer& layer, const std::vector<Bf16>&
   return dout.download();
 }
 
+// forward_routed within the tolerance of the reference's output, and a second run bitwise the same.
+void expect_routed_matches(const MoeLayer& layer, const std::vector<Bf16>& x, const Routing& r,
+                           const std::vector<Bf16>& ref_out) {
+  const auto out = run_gpu_routed(layer, x, r);
+  EXPECT_LE(test::relative_l2(out, ref_out), kTolerance);
+  const auto again = run_gpu_routed(layer, x, r);
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+}
+
 // Random logits; `hot` >= 0 makes that expert the first pick of every token.
 std::vector<float> make_logits(const LayerDesc& d, std::int64_t tokens, std::uint64_t seed, int hot = -1) {
   auto logits = test::random_f32(static_cast<std::size_t>(tokens * d.experts), seed, 2.0f);
@@ -471,10 +480,7 @@ TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
     on_forced_layer(w, o, [&](const MoeLayer& layer) {
       const std::string plan = layer.plan_summary(T);
       EXPECT_NE(plan.find("last 1-32 tokens: wgmma n4"), std::string::npos) << plan;
-      const auto out = run_gpu_routed(layer, x, r);
-      EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
-      const auto again = run_gpu_routed(layer, x, r);
-      EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+      expect_routed_matches(layer, x, r, ref.out);
     });
     if (IsSkipped()) return;
   }
@@ -524,10 +530,7 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchIsCorrect) {
             return n;
           }();
           EXPECT_EQ(small_launches, mode % 4 == 0 || mode % 4 == 3 ? 2u : (mode % 4 == 1 ? 1u : 0u)) << plan;
-          const auto out = run_gpu_routed(layer, x, r);
-          EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
-          const auto again = run_gpu_routed(layer, x, r);
-          EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+          expect_routed_matches(layer, x, r, ref.out);
         });
         if (IsSkipped()) return;
       }
@@ -566,10 +569,7 @@ TEST(GpuMoeLayer, WgmmaSmallExpertLaunchClaimsItsItems) {
         SCOPED_TRACE("input seed " + std::to_string(seed));
         const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), seed);
         const ReferenceResult ref = reference_forward_routed(w, x, r);
-        const auto out = run_gpu_routed(layer, x, r);
-        EXPECT_LE(test::relative_l2(out, ref.out), kTolerance);
-        const auto again = run_gpu_routed(layer, x, r);
-        EXPECT_TRUE(std::equal(again.begin(), again.end(), out.begin())) << "second run differs";
+        expect_routed_matches(layer, x, r, ref.out);
       }
     });
     if (IsSkipped()) return;
