@@ -174,8 +174,10 @@ cudaError_t tile_gemm_setup(const TileGemmConfig& config, StreamEpilogue epilogu
 cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& config,
                              StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 
-// The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k) in slot order
-// (slot_token unused), rows of n_chunks * 64 values, 16-byte aligned, act_rows of them; row_blocks counts
+// The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k), rows of n_chunks * 64
+// values, 16-byte aligned, act_rows of them. With a SwiGLU epilogue (GEMM1) act holds a row per
+// token and slot s reads row slot_token[s] (required); with kStoreBf16 (GEMM2) act is in slot order
+// and slot_token is unused. row_blocks counts
 // 256-row blocks and tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off
 // sm_90 (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
 bool wgmma_supported();
@@ -184,8 +186,9 @@ cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilo
 cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig& config,
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 // out[pair_slot[t][j]][permuted_k(kk)] = x[t][kk] for each token t < tokens and each of its
-// `pairs` (k+P) slots that is not -1, zero for k <= kk < k_padded. k must be a multiple of 8 and
-// k_padded of 64 (cudaErrorInvalidValue otherwise).
+// `pairs` (k+P) slots that is not -1, zero for k <= kk < k_padded; with pair_slot null, out[t]
+// instead (one row per token: the wgmma GEMM1's act). k must be a multiple of 8 and k_padded of
+// 64 (cudaErrorInvalidValue otherwise).
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* pair_slot, int tokens,
                                   int pairs, int k, int k_padded, std::uint16_t* out, cudaStream_t stream);
 

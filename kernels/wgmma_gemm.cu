@@ -5,8 +5,10 @@
 // weight feeds 64-128 tokens, against 8-64 for mma.sync, which is what keeps the tensor cores fed.
 //
 // Pipeline (warp-specialized): a producer thread fills a ring of stages with TMA: per K chunk the
-// four 2304-byte weight blocks (cp.async.bulk) and the token block (cp.async.bulk.tensor through
-// a tensor map with the 128-byte swizzle), all completing on the stage's "full" mbarrier. Each
+// four 2304-byte weight blocks (cp.async.bulk) and, for GEMM2, the token block (cp.async.bulk.tensor
+// through a tensor map with the 128-byte swizzle), all completing on the stage's "full" mbarrier;
+// GEMM1's token rows are scattered over x, so its whole producer warpgroup gathers them with
+// cp.async into the same swizzled layout (produce_gathered: no slot-ordered copy of x). Each
 // consumer warp issues 2 x 4 wgmma (two m64 row blocks x four k-steps) on A registers decoded
 // before, then, once the previous chunk's wgmmas are done (wait_group 1), frees that chunk's
 // stage ("empty" mbarrier) and decodes the next chunk into the other A register set while the
@@ -108,6 +110,11 @@ __device__ __forceinline__ void tma_load_2d(std::uint32_t dst, const CUtensorMap
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// Arrives on `bar` once this thread's earlier cp.async copies have landed; .noinc: the arrival is
+// one of those the barrier was initialised to expect.
+__device__ __forceinline__ void cp_async_arrive_noinc(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -180,6 +187,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT * 4], const std::uint32_t
 
 }  // namespace
 
+// The threads that gather GEMM1's token rows: the producer warpgroup.
+constexpr int kGatherThreads = WgmmaGemmLayout::kProducerWarps * 32;
+
 // One item: 256 weight rows of one expert against one block of its tokens.
 struct WgmmaItem {
   int expert;
@@ -228,6 +238,73 @@ struct WgmmaItems {
   }
 };
 
+// The producer of GEMM1, whose token rows are scattered: act holds each token's k-permuted row
+// (act_ld values), and slot s of the token block reads row slot_token[s]. Thread i of the producer
+// warpgroup copies 16-byte piece i % 8 of rows i / 8 + 16 j of each chunk's token block into the
+// stage, at the place the tensor map's 128-byte swizzle would put it (swizzle128_offset: row & 7 is
+// i / 8 & 7 for every j), rows past the item's tokens as zeros; thread 0 also issues the weights'
+// bulk copies and their expect_tx. Each thread's cp.async.mbarrier.arrive.noinc is one of the
+// stage's 1 + kGatherThreads arrivals, so the stage completes when every row and weight landed.
+template <int NT, bool TAIL>
+__device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaItems<NT, TAIL>& items,
+                                                 std::int64_t total_items, std::uint32_t base,
+                                                 int stage_bytes, int stages, std::uint32_t bars,
+                                                 int act_off) {
+#if FP4MOE_WGMMA
+  constexpr int kTokens = NT * 8;
+  constexpr int kRows = kTokens / 16;  // rows per thread
+  static_assert(kTokens % 16 == 0);
+  const int tid = threadIdx.x;  // 0 .. kGatherThreads - 1
+  const int piece = tid & 7;
+  const int row0 = tid >> 3;
+  const std::uint32_t dst0 =
+      static_cast<std::uint32_t>(act_off + swizzle128_offset(row0, piece));  // + 2048 j for row0 + 16 j
+  const int expert_groups = (p.rows + WeightLayout::kGroupRows - 1) / WeightLayout::kGroupRows;
+  const int n_chunks = p.n_chunks;
+  const std::uint8_t* const act = reinterpret_cast<const std::uint8_t*>(p.act) + piece * 16;
+  const std::int64_t row_bytes = p.act_ld * 2;
+  items.reload();
+  int slot = 0;
+  std::uint32_t phase = 0;
+  for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
+       item += gridDim.x) {
+    const WgmmaItem it = items.at(item);
+    const std::uint8_t* src[kRows];
+    bool valid[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int r = row0 + 16 * j;
+      valid[j] = r < it.m_count;
+      src[j] = act + (valid[j] ? p.slot_token[it.slot0 + r] * row_bytes : 0);
+    }
+    const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
+    const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
+                               static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
+    for (int c = 0; c < n_chunks; ++c) {
+      const std::uint32_t full = bars + slot * WgmmaGemmLayout::kBarrierBytes;
+      mbar_wait(full + 8, phase ^ 1);  // the stage's empty barrier
+      const std::uint32_t st = base + slot * stage_bytes;
+      if (tid == 0) {
+        mbar_arrive_expect_tx(full, groups * WeightLayout::kBlockBytes);
+        for (int w = 0; w < groups; ++w) {
+          bulk_copy(st + w * WeightLayout::kBlockBytes,
+                    wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
+                    WeightLayout::kBlockBytes, full);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+        cp_async16_zfill(st + dst0 + 2048 * j, src[j] + c * WgmmaGemmLayout::kActRowBytes, valid[j]);
+      cp_async_arrive_noinc(full);
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
+    }
+  }
+#endif
+}
+
 // TAIL: a tail launch (StreamGemmArgs::tail_of). It reads what the launch before it read
 // (complete: that launch started only after its own wait) and writes other rows, so it does not
 // wait at its start, and overlaps that launch's last items; it waits for it before exiting
@@ -255,9 +332,13 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   auto full_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes; };
   auto empty_bar = [&](int s) { return bars + s * WgmmaGemmLayout::kBarrierBytes + 8; };
 
+  // GEMM1 (the SwiGLU instances): the producer warpgroup's 128 threads gather the token block's
+  // rows with cp.async (p.slot_token), each thread's copies arriving once per stage besides thread
+  // 0's expect_tx. GEMM2 reads its act in slot order through the tensor map.
+  constexpr bool kGather = EPI != StreamEpilogue::kStoreBf16;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(full_bar(s), 1);
+      mbar_init(full_bar(s), kGather ? 1 + kGatherThreads : 1);
       mbar_init(empty_bar(s), WgmmaGemmLayout::empty_arrivals(kShape));
     }
     mbar_fence_init();
@@ -274,8 +355,13 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   WgmmaItems<NT, TAIL> items{p, n_active, total_items};
 
   if (warp < 4) {
-    // Producer warpgroup: one thread issues every copy; the others have nothing to do.
+    // Producer warpgroup: for GEMM2 one thread issues every copy and the others have nothing to do.
     setmaxnreg_dec<kProducerRegs>();
+    if constexpr (kGather) {
+      produce_gathered<NT, TAIL>(p, items, total_items, base, stage_bytes, stages, bars, kActOff);
+      if constexpr (TAIL) pdl_wait();
+      return;
+    }
     if (threadIdx.x != 0) {
       if constexpr (TAIL) pdl_wait();
       return;
@@ -536,7 +622,9 @@ __global__ void __launch_bounds__(kScatterWarps * 32)
   const bool mine = k0 + 64 * c < k_padded;
   const std::int64_t col = k0 + 64 * c + 8 * q;
   for (int j0 = 0; j0 < pairs; j0 += 32) {
-    const int my = j0 + lane < pairs ? pair_slot[static_cast<std::int64_t>(t) * pairs + j0 + lane] : -1;
+    const int my = j0 + lane >= pairs           ? -1
+                   : pair_slot == nullptr ? t
+                                          : pair_slot[static_cast<std::int64_t>(t) * pairs + j0 + lane];
     const int n = min(32, pairs - j0);
     for (int j = 0; j < n; ++j) {
       const int slot = __shfl_sync(0xffffffffu, my, j);
@@ -638,6 +726,7 @@ cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig&
                               StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream) {
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue, args.tail_of > 0);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  if ((epilogue != StreamEpilogue::kStoreBf16) != (args.slot_token != nullptr)) return cudaErrorInvalidValue;
   CUtensorMap map;
   const cudaError_t err = encode_act_map(args, WgmmaGemmLayout::tokens(config), &map);
   if (err != cudaSuccess) return err;
@@ -649,6 +738,7 @@ cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig&
 cudaError_t launch_permute_gather(const std::uint16_t* x, const std::int32_t* pair_slot, int tokens,
                                   int pairs, int k, int k_padded, std::uint16_t* out, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  if (pair_slot == nullptr) pairs = 1;
   if (k % 8 != 0 || k_padded % 64 != 0 || k_padded < k) return cudaErrorInvalidValue;
   const int spans = (k_padded + kScatterSpanK - 1) / kScatterSpanK;
   const dim3 grid(static_cast<unsigned>(tokens),

@@ -573,11 +573,10 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   const std::size_t o_slot_token = carve(static_cast<std::size_t>(m.max_slots) * 4);
   const std::size_t o_pair_slot = carve(static_cast<std::size_t>(T * (k + m.pieces)) * 4);
   // h rows are padded to whole 64-chunks (the wgmma GEMM2 reads them k-permuted); the padding
-  // stays zero. x_perm (the k-permuted, slot-ordered copy of x) exists only where wgmma runs.
+  // stays zero. x_perm (the k-permuted copy of x, a row per token) exists only where wgmma runs.
   const std::size_t o_h = carve(static_cast<std::size_t>(m.max_slots * m.i_padded) * 2);
   const std::size_t o_y = carve(static_cast<std::size_t>(m.max_slots * H) * 2);
-  const std::size_t o_x_perm =
-      carve(m.limits.wgmma ? static_cast<std::size_t>(m.max_slots * m.h_padded) * 2 : 0);
+  const std::size_t o_x_perm = carve(m.limits.wgmma ? static_cast<std::size_t>(T * m.h_padded) * 2 : 0);
   m.workspace = DeviceBuffer(off);
   auto* base = m.workspace.as<std::uint8_t>();
   m.topk_ids = reinterpret_cast<std::int32_t*>(base + o_ids);
@@ -677,10 +676,10 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
 }
 
 void MoeLayer::Impl::permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const {
-  FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(
-      reinterpret_cast<const std::uint16_t*>(x), pair_slot, static_cast<int>(tokens),
-      static_cast<int>(desc.top_k) + pieces, static_cast<int>(desc.hidden), static_cast<int>(h_padded),
-      x_perm, stream));
+  // One k-permuted row per token (pair_slot null); the wgmma GEMM1 gathers each slot's row itself.
+  FP4MOE_CUDA_CHECK(kernels::launch_permute_gather(reinterpret_cast<const std::uint16_t*>(x), nullptr,
+                                                   static_cast<int>(tokens), 1, static_cast<int>(desc.hidden),
+                                                   static_cast<int>(h_padded), x_perm, stream));
 }
 
 kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
@@ -701,11 +700,11 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.row_blocks = row_blocks(c, 2 * I);
     g.post_scale = ps1.as<float>();
     g.bias = bias1.as<float>();
-    if (c.kernel == GemmKernel::kWgmma) {  // reads permute_gather's copy, in slot order
+    if (c.kernel == GemmKernel::kWgmma) {  // gathers its rows from permute_gather's copy, by token
       g.act = x_perm;
       g.act_ld = h_padded;
-      g.act_rows = max_slots;
-      g.slot_token = nullptr;
+      g.act_rows = options.max_tokens;
+      g.slot_token = slot_token;
     } else {
       g.act = reinterpret_cast<const std::uint16_t*>(x);
       g.act_ld = H;
