@@ -242,9 +242,13 @@ struct WgmmaItems {
 // (act_ld values), and slot s of the token block reads row slot_token[s]. Thread i of the producer
 // warpgroup copies 16-byte piece i % 8 of rows i / 8 + 16 j of each chunk's token block into the
 // stage, at the place the tensor map's 128-byte swizzle would put it (swizzle128_offset: row & 7 is
-// i / 8 & 7 for every j), rows past the item's tokens as zeros; thread 0 also issues the weights'
-// bulk copies and their expect_tx. Each thread's cp.async.mbarrier.arrive.noinc is one of the
-// stage's 1 + kGatherThreads arrivals, so the stage completes when every row and weight landed.
+// i / 8 & 7 for every j, so each j is one immediate offset); rows past the item's tokens copy its
+// first token's row again (their columns are computed and never stored), so no copy is
+// predicated. Thread 0 also issues the weights' bulk copies and their expect_tx. Each thread's
+// cp.async.mbarrier.arrive.noinc is one of the stage's 1 + kGatherThreads arrivals, so the stage
+// completes when every row and weight landed. The chunk loop is unrolled kUnroll times with the
+// chunk's offset as an immediate, so the row pointers advance once per kUnroll chunks: the
+// producer's instructions share the schedulers with the consumers'.
 template <int NT, bool TAIL>
 __device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaItems<NT, TAIL>& items,
                                                  std::int64_t total_items, std::uint32_t base,
@@ -253,6 +257,7 @@ __device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaI
 #if FP4MOE_WGMMA
   constexpr int kTokens = NT * 8;
   constexpr int kRows = kTokens / 16;  // rows per thread
+  constexpr int kUnroll = 4;
   static_assert(kTokens % 16 == 0);
   const int tid = threadIdx.x;  // 0 .. kGatherThreads - 1
   const int piece = tid & 7;
@@ -270,36 +275,42 @@ __device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaI
        item += gridDim.x) {
     const WgmmaItem it = items.at(item);
     const std::uint8_t* src[kRows];
-    bool valid[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int r = row0 + 16 * j;
-      valid[j] = r < it.m_count;
-      src[j] = act + (valid[j] ? p.slot_token[it.slot0 + r] * row_bytes : 0);
+      src[j] = act + p.slot_token[it.slot0 + (r < it.m_count ? r : 0)] * row_bytes;
     }
     const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
     const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
                                static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
-    for (int c = 0; c < n_chunks; ++c) {
-      const std::uint32_t full = bars + slot * WgmmaGemmLayout::kBarrierBytes;
-      mbar_wait(full + 8, phase ^ 1);  // the stage's empty barrier
-      const std::uint32_t st = base + slot * stage_bytes;
-      if (tid == 0) {
-        mbar_arrive_expect_tx(full, groups * WeightLayout::kBlockBytes);
-        for (int w = 0; w < groups; ++w) {
-          bulk_copy(st + w * WeightLayout::kBlockBytes,
-                    wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
-                    WeightLayout::kBlockBytes, full);
+    for (int c0 = 0; c0 < n_chunks; c0 += kUnroll) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u;
+        if (c < n_chunks) {
+          const std::uint32_t full = bars + slot * WgmmaGemmLayout::kBarrierBytes;
+          mbar_wait(full + 8, phase ^ 1);  // the stage's empty barrier
+          const std::uint32_t st = base + slot * stage_bytes;
+          if (tid == 0) {
+            mbar_arrive_expect_tx(full, groups * WeightLayout::kBlockBytes);
+            for (int w = 0; w < groups; ++w) {
+              bulk_copy(st + w * WeightLayout::kBlockBytes,
+                        wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
+                        WeightLayout::kBlockBytes, full);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            cp_async16(st + dst0 + 2048 * j, src[j] + u * WgmmaGemmLayout::kActRowBytes);
+          cp_async_arrive_noinc(full);
+          if (++slot == stages) {
+            slot = 0;
+            phase ^= 1;
+          }
         }
       }
 #pragma unroll
-      for (int j = 0; j < kRows; ++j)
-        cp_async16_zfill(st + dst0 + 2048 * j, src[j] + c * WgmmaGemmLayout::kActRowBytes, valid[j]);
-      cp_async_arrive_noinc(full);
-      if (++slot == stages) {
-        slot = 0;
-        phase ^= 1;
-      }
+      for (int j = 0; j < kRows; ++j) src[j] += kUnroll * WgmmaGemmLayout::kActRowBytes;
     }
   }
 #endif
