@@ -633,7 +633,7 @@ __global__ void __launch_bounds__(kScatterWarps * 32)
   const bool mine = k0 + 64 * c < k_padded;
   const std::int64_t col = k0 + 64 * c + 8 * q;
   for (int j0 = 0; j0 < pairs; j0 += 32) {
-    const int my = j0 + lane >= pairs           ? -1
+    const int my = j0 + lane >= pairs     ? -1
                    : pair_slot == nullptr ? t
                                           : pair_slot[static_cast<std::int64_t>(t) * pairs + j0 + lane];
     const int n = min(32, pairs - j0);

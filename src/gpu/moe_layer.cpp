@@ -405,7 +405,7 @@ struct MoeLayer::Impl {
   // at most small_max tokens to the small-expert launch).
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
                        const GemmChoice& c1, const GemmChoice& c2, int small_max) const;
-  // The k-permuted, slot-ordered copy of x that a wgmma first GEMM reads (after grouping).
+  // The k-permuted copy of x (a row per token) that a wgmma first GEMM gathers its rows from.
   void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
   // h_permuted: the first GEMM stores h in mma-k order for a wgmma second GEMM).

@@ -102,13 +102,11 @@ class WgmmaGemmFamily final : public KernelFamily {
   CostEstimate cost(const CandidateSpec& spec, const GemmProblem& p, const ArchInfo& arch,
                     const Occupancy& occupancy) const override {
     const auto c = config_of(spec);
-    // The first GEMM reads x k-permuted in slot order: one more pass that reads the rows and
-    // writes them padded to whole 64-chunks.
+    // The first GEMM gathers its rows from a k-permuted copy of x: one more pass that reads each
+    // token's row once and writes it padded to whole 64-chunks.
     const double chunks = static_cast<double>((p.k + 63) / 64);
     const double extra =
-        p.kind == GemmKind::kGateUp
-            ? static_cast<double>(p.tokens * (p.top_k + p.shared_pieces)) * (p.k + chunks * 64) * 2.0
-            : 0.0;
+        p.kind == GemmKind::kGateUp ? static_cast<double>(p.tokens) * (p.k + chunks * 64) * 2.0 : 0.0;
     // The kernel keeps the tensor pipe busy about 75% of the time with 128-token blocks (ncu on
     // an H200, f76abf9: 74% gate/up, 63% down): its rate is that share of the peak.
     return prefill_cost({WgmmaGemmLayout::kRows, WgmmaGemmLayout::tokens(c), c.stages,
