@@ -153,6 +153,27 @@ TEST(GpuMoeLayer, SigmoidGroupRouterWithSharedExpert) {
     expect_matches_reference(w, layer, t, 200 + static_cast<std::uint64_t>(t));
 }
 
+// The one-CTA decode router (kernels/routing.cu: one warp per token, each lane holding PER = 4
+// experts' keys up to 128 experts, 8 above) at a few tokens: every router kind, expert counts on
+// both sides of that bound and not multiples of 32, against the reference's picks and weights.
+TEST(GpuMoeLayer, DecodeRouterWithFewTokensMatchesReference) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  for (const RouterKind router :
+       {RouterKind::kSoftmaxTopK, RouterKind::kSigmoidGroupTopK, RouterKind::kTopKSoftmax}) {
+    for (const std::int64_t experts : {64, 128, 129, 200, 256}) {
+      LayerDesc d = small_desc(router);
+      d.experts = experts;
+      d.top_k = 8;
+      d.n_group = 1;
+      d.topk_group = 1;
+      const LayerWeights w = random_layer_weights(d, 5 + static_cast<std::uint64_t>(experts));
+      const MoeLayer layer(w);
+      for (const std::int64_t t : {1, 2, 4, 5, 8, 9})
+        expect_matches_reference(w, layer, t, 500 + static_cast<std::uint64_t>(t + experts));
+    }
+  }
+}
+
 TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
