@@ -12,8 +12,6 @@
 //   scatter: each (token, pick) takes a slot in its expert's range; the shared expert's pieces
 //            take slot offset + token.
 // For decode sizes all four run in one CTA of 1024 threads and one launch.
-#include <cub/block/block_scan.cuh>
-
 #include <climits>
 
 #include "fp4moe/detail/portable_math.hpp"
@@ -66,7 +64,7 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long ke
 // Routes token t with one warp; PER = experts per lane (expert e = lane + 32 i). Writes the
 // picks and weights of token t and returns the pick of rank `lane` in lanes < k (else -1).
 template <int PER>
-__device__ int route_token(const RouteArgs& a, int t, int lane) {
+__device__ __forceinline__ int route_token(const RouteArgs& a, int t, int lane) {
   const int E = a.experts;
   const float* logits = a.logits + static_cast<std::int64_t>(t) * E;
   const bool sigmoid = a.router == RouterId::kSigmoidGroupTopK;
@@ -186,14 +184,66 @@ __device__ int route_token(const RouteArgs& a, int t, int lane) {
   return lane < k ? my_pick : -1;
 }
 
-template <int THREADS>
-using BlockScan = cub::BlockScan<int, THREADS>;
+// Exclusive prefix sums of V values per thread over the kSmallThreads threads of the CTA, in one
+// pass: each warp scans its lanes' values with shuffles (the V chains interleave), warp 0 scans the
+// warps' totals, two barriers in all. (Six CUB block scans one after another, two barriers each,
+// were a chain the one-token router waited on.) v becomes the exclusive prefixes, total the sums.
+constexpr int kScanValues = 6;
+constexpr int kScanWarps = kSmallThreads / 32;
+using ScanSums = int[kScanWarps + 1][kScanValues];
+
+__device__ __forceinline__ void block_exclusive_scan(int (&v)[kScanValues], int (&total)[kScanValues],
+                                                     ScanSums& sums) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  int incl[kScanValues];
+#pragma unroll
+  for (int i = 0; i < kScanValues; ++i) incl[i] = v[i];
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kScanValues; ++i) {
+      const int y = __shfl_up_sync(0xffffffffu, incl[i], off);
+      if (lane >= off) incl[i] += y;
+    }
+  }
+  if (lane == 31) {
+#pragma unroll
+    for (int i = 0; i < kScanValues; ++i) sums[warp][i] = incl[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int w[kScanValues], wi[kScanValues];
+#pragma unroll
+    for (int i = 0; i < kScanValues; ++i) wi[i] = w[i] = sums[lane][i];
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+      for (int i = 0; i < kScanValues; ++i) {
+        const int y = __shfl_up_sync(0xffffffffu, wi[i], off);
+        if (lane >= off) wi[i] += y;
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kScanValues; ++i) {
+      sums[lane][i] = wi[i] - w[i];
+      if (lane == 31) sums[kScanWarps][i] = wi[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kScanValues; ++i) {
+    total[i] = sums[kScanWarps][i];
+    v[i] = sums[warp][i] + incl[i] - v[i];
+  }
+}
 
 // Offsets, active list and per-GEMM token-block prefixes from `counts` (n experts). One CTA of
 // kSmallThreads threads, one expert each; writes the results to global memory and the offsets
 // also to `offsets_smem` when given.
-__device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
-                             typename BlockScan<kSmallThreads>::TempStorage& temp, int* offsets_smem) {
+__device__ __forceinline__ void scan_experts(const int* counts, int n, const GroupArgs& g, ScanSums& sums,
+                                             int* offsets_smem) {
   const int e = threadIdx.x;
   const int cnt = e < n ? counts[e] : 0;
   const int flag = cnt > 0 ? 1 : 0;
@@ -203,53 +253,53 @@ __device__ void scan_experts(const int* counts, int n, const GroupArgs& g,
   const int small_candidate = flag != 0 && cnt <= small_max ? 1 : 0;
   const bool take_small = small_max > 0 && __syncthreads_count(small_candidate) >= g.small_min;
   const int small = take_small ? small_candidate : 0;
-  const int tb0 = main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0], take_small ? g.tb_small[0] : 0);
-  const int tb1 = main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1], take_small ? g.tb_small[1] : 0);
-  int off = 0, pos = 0, p0 = 0, p1 = 0;
-  int total = 0, n_active = 0, total0 = 0, total1 = 0;
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(cnt, off, total);
-  __syncthreads();
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(flag | small << 16, pos, n_active);
-  __syncthreads();
-  if (small) g.small_experts[pos >> 16] = e;
-  if (small_max > 0 && e == 0) *g.small_count = n_active >> 16;
-  pos &= 0xffff;
-  n_active &= 0xffff;
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb0, p0, total0);
-  __syncthreads();
-  BlockScan<kSmallThreads>(temp).ExclusiveSum(tb1, p1, total1);
-  __syncthreads();
+  // Each tail launch's experts (GroupArgs::tail_experts): per GEMM that has tail launches, its two
+  // lists' positions packed in 16-bit halves (n <= kSmallThreads).
+  static_assert(kMaxWgmmaTails == 2, "the scan packs one 16-bit position per tail launch");
+  int cls[2];
+#pragma unroll
+  for (int gi = 0; gi < 2; ++gi) {
+    cls[gi] = g.tb_tail[gi] == 0
+                  ? -1
+                  : wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi], take_small ? g.tb_small[gi] : 0);
+  }
+  int v[kScanValues] = {cnt,
+                        flag | small << 16,
+                        main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0], take_small ? g.tb_small[0] : 0),
+                        main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1], take_small ? g.tb_small[1] : 0),
+                        cls[0] < 0 ? 0 : 1 << (16 * cls[0]),
+                        cls[1] < 0 ? 0 : 1 << (16 * cls[1])};
+  int total[kScanValues];
+  block_exclusive_scan(v, total, sums);
+  const int off = v[0], pos = v[1] & 0xffff, n_active = total[1] & 0xffff;
+  if (small) g.small_experts[v[1] >> 16] = e;
+  if (small_max > 0 && e == 0) *g.small_count = total[1] >> 16;
   if (e < n) {
     g.offsets[e] = off;
     g.cursors[e] = 0;
     if (offsets_smem != nullptr) offsets_smem[e] = off;
     if (flag) {
       g.active[pos] = e;
-      g.tb_prefix[0][pos] = p0;
-      g.tb_prefix[1][pos] = p1;
+      g.tb_prefix[0][pos] = v[2];
+      g.tb_prefix[1][pos] = v[3];
     }
   }
   if (e == 0) {
-    g.offsets[n] = total;
-    if (offsets_smem != nullptr) offsets_smem[n] = total;
+    g.offsets[n] = total[0];
+    if (offsets_smem != nullptr) offsets_smem[n] = total[0];
     *g.n_active = n_active;
-    g.tb_prefix[0][n_active] = total0;
-    g.tb_prefix[1][n_active] = total1;
+    g.tb_prefix[0][n_active] = total[2];
+    g.tb_prefix[1][n_active] = total[3];
   }
-  // Each tail launch's experts (GroupArgs::tail_experts): one scan per GEMM that has tail launches,
-  // its two lists' positions packed in 16-bit halves (n <= kSmallThreads).
-  static_assert(kMaxWgmmaTails == 2, "the scan packs one 16-bit position per tail launch");
+#pragma unroll
   for (int gi = 0; gi < 2; ++gi) {
     if (g.tb_tail[gi] == 0) continue;  // the same for every thread
-    const int cls = wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi], take_small ? g.tb_small[gi] : 0);
-    const int packed = cls < 0 ? 0 : 1 << (16 * cls);
-    int at = 0, both = 0;
-    BlockScan<kSmallThreads>(temp).ExclusiveSum(packed, at, both);
-    __syncthreads();
-    if (cls >= 0) g.tail_experts[gi][GroupArgs::tail_list_offset(cls, n) + ((at >> (16 * cls)) & 0xffff)] = e;
+    if (cls[gi] >= 0)
+      g.tail_experts[gi][GroupArgs::tail_list_offset(cls[gi], n) + ((v[4 + gi] >> (16 * cls[gi])) & 0xffff)] =
+          e;
     if (e == 0) {
-      g.tail_count[gi][0] = both & 0xffff;
-      g.tail_count[gi][1] = both >> 16;
+      g.tail_count[gi][0] = total[4 + gi] & 0xffff;
+      g.tail_count[gi][1] = total[4 + gi] >> 16;
     }
   }
 }
@@ -281,12 +331,12 @@ __device__ __forceinline__ void scatter_shared(const GroupArgs& g, int idx, cons
 }
 
 template <int PER>
-__global__ void __launch_bounds__(kSmallThreads)
+__global__ void __launch_bounds__(kSmallThreads, 1)
     route_group_small_kernel(const RouteArgs ra, const GroupArgs ga) {
   constexpr int kWarps = kSmallThreads / 32;
   __shared__ int counts[kMaxTotalExperts];
   __shared__ int offsets[kMaxTotalExperts + 1];
-  __shared__ typename BlockScan<kSmallThreads>::TempStorage temp;
+  __shared__ ScanSums scan_sums;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int n = ga.experts + ga.shared_pieces;
@@ -305,7 +355,7 @@ __global__ void __launch_bounds__(kSmallThreads)
     }
   }
   __syncthreads();
-  scan_experts(counts, n, ga, temp, offsets);
+  scan_experts(counts, n, ga, scan_sums, offsets);
   __syncthreads();
   if (threadIdx.x < n) counts[threadIdx.x] = 0;  // reused as the cursors
   __syncthreads();
@@ -335,11 +385,11 @@ __global__ void __launch_bounds__(kThreads) group_count_kernel(const GroupArgs g
 
 __global__ void __launch_bounds__(kSmallThreads) group_scan_kernel(const GroupArgs ga) {
   __shared__ int counts[kMaxTotalExperts];
-  __shared__ typename BlockScan<kSmallThreads>::TempStorage temp;
+  __shared__ ScanSums scan_sums;
   const int n = ga.experts + ga.shared_pieces;
   if (threadIdx.x < n) counts[threadIdx.x] = threadIdx.x < ga.experts ? ga.counts[threadIdx.x] : ga.tokens;
   __syncthreads();
-  scan_experts(counts, n, ga, temp, nullptr);
+  scan_experts(counts, n, ga, scan_sums, nullptr);
 }
 
 __global__ void __launch_bounds__(kThreads) group_scatter_kernel(const GroupArgs ga) {
