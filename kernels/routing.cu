@@ -184,10 +184,14 @@ __device__ __forceinline__ int route_token(const RouteArgs& a, int t, int lane) 
   return lane < k ? my_pick : -1;
 }
 
-// Exclusive prefix sums of V values per thread over the kSmallThreads threads of the CTA, in one
-// pass: each warp scans its lanes' values with shuffles (the V chains interleave), warp 0 scans the
-// warps' totals, two barriers in all. (Six CUB block scans one after another, two barriers each,
-// were a chain the one-token router waited on.) v becomes the exclusive prefixes, total the sums.
+// Exclusive prefix sums of kScanValues values per thread over the kSmallThreads threads of the
+// CTA, in one pass: each warp scans its lanes' values with shuffles (the value chains interleave),
+// warp 0 scans the warps' totals, two barriers in all. v becomes the exclusive prefixes, total the
+// sums. Why not CUB's BlockScan: it scans one value (or one struct) per call, and six calls one
+// after another, two barriers each, were a chain the one-token router waited on (T=1 1.020x
+// without them, docs/PERF.md history); its warp-scans algorithm, which one call over a struct
+// would want, adds the warps' totals serially in every thread and measured 1.2 us slower than its
+// raking one here, and the raking one spilled with 64-bit values (7228316).
 constexpr int kScanValues = 6;
 constexpr int kScanWarps = kSmallThreads / 32;
 using ScanSums = int[kScanWarps + 1][kScanValues];
