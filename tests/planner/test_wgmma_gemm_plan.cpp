@@ -150,6 +150,16 @@ TEST(WgmmaGemmCost, TheFirstGemmAlsoMovesThePermutedCopyOfX) {
   EXPECT_THAT(c.cost_how, HasSubstr("with the k-permuted copy of x"));
 }
 
+// The copy is one row per token, not per pick: with top-2 of 2 experts the GEMM reads 256 slots'
+// rows (2 x 16384 B of x, 2 x 32768 B of h, 2 x 9216 B of weights) and the copy is still 128 rows
+// read and written: 2 x 16384 B. 149504 B: 149.504 us.
+TEST(WgmmaGemmCost, ThePermutedCopyIsOneRowPerTokenWhateverTheTopK) {
+  ArchInfo a = one_fast_sm90();
+  a.dram_bandwidth_gbs = 1;
+  const auto c = n16_s3(wgmma_plan(layer(64, 128, 2, 2), 128, GemmKind::kGateUp, a));
+  EXPECT_NEAR(c.cost_us, 149.504, 1e-9);
+}
+
 TEST(WgmmaGemmExplain, BreakdownAddsUpToTheLayout) {
   const auto e = explain_kernel("wgmma-gemm", "n16 s4 w8", arch_by_name("sm_90"), &kNoResources);
   std::int64_t sum = 0;
