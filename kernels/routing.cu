@@ -196,6 +196,19 @@ constexpr int kScanValues = 6;
 constexpr int kScanWarps = kSmallThreads / 32;
 using ScanSums = int[kScanWarps + 1][kScanValues];
 
+// Inclusive prefix sums of each of the kScanValues values over the warp's lanes (shuffles; the
+// values' chains interleave).
+__device__ __forceinline__ void warp_inclusive_scan(int (&x)[kScanValues], int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < kScanValues; ++i) {
+      const int y = __shfl_up_sync(0xffffffffu, x[i], off);
+      if (lane >= off) x[i] += y;
+    }
+  }
+}
+
 __device__ __forceinline__ void block_exclusive_scan(int (&v)[kScanValues], int (&total)[kScanValues],
                                                      ScanSums& sums) {
   const int lane = threadIdx.x & 31;
@@ -203,14 +216,7 @@ __device__ __forceinline__ void block_exclusive_scan(int (&v)[kScanValues], int 
   int incl[kScanValues];
 #pragma unroll
   for (int i = 0; i < kScanValues; ++i) incl[i] = v[i];
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < kScanValues; ++i) {
-      const int y = __shfl_up_sync(0xffffffffu, incl[i], off);
-      if (lane >= off) incl[i] += y;
-    }
-  }
+  warp_inclusive_scan(incl, lane);
   if (lane == 31) {
 #pragma unroll
     for (int i = 0; i < kScanValues; ++i) sums[warp][i] = incl[i];
@@ -220,14 +226,7 @@ __device__ __forceinline__ void block_exclusive_scan(int (&v)[kScanValues], int 
     int w[kScanValues], wi[kScanValues];
 #pragma unroll
     for (int i = 0; i < kScanValues; ++i) wi[i] = w[i] = sums[lane][i];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-#pragma unroll
-      for (int i = 0; i < kScanValues; ++i) {
-        const int y = __shfl_up_sync(0xffffffffu, wi[i], off);
-        if (lane >= off) wi[i] += y;
-      }
-    }
+    warp_inclusive_scan(wi, lane);
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < kScanValues; ++i) {

@@ -238,6 +238,25 @@ struct WgmmaItems {
   }
 };
 
+// An item's weights: `groups` 64-row groups (the last row block may hold fewer than kGroups) from
+// `src` on; copy_weights copies chunk c's blocks of them into stage `st`, completing on `bar`.
+// (Computing the struct in a shared helper too changed ptxas' schedule of the 32-token GEMM1
+// instance's chunk loop, +5 instructions; this way every instance's SASS is as before.)
+struct ItemWeights {
+  int groups;
+  const std::uint8_t* src;
+};
+__device__ __forceinline__ void copy_weights(const ItemWeights& w, int n_chunks, int c, std::uint32_t st,
+                                             std::uint32_t bar) {
+#if FP4MOE_WGMMA
+  for (int i = 0; i < w.groups; ++i) {
+    bulk_copy(st + i * WeightLayout::kBlockBytes,
+              w.src + (static_cast<std::int64_t>(i) * n_chunks + c) * WeightLayout::kBlockBytes,
+              WeightLayout::kBlockBytes, bar);
+  }
+#endif
+}
+
 // The producer of GEMM1, whose token rows are scattered: act holds each token's k-permuted row
 // (act_ld values), and slot s of the token block reads row slot_token[s]. Thread i of the producer
 // warpgroup copies 16-byte piece i % 8 of rows i / 8 + 16 j of each chunk's token block into the
@@ -280,9 +299,9 @@ __device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaI
       const int r = row0 + 16 * j;
       src[j] = act + p.slot_token[it.slot0 + (r < it.m_count ? r : 0)] * row_bytes;
     }
-    const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
-    const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
-                               static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
+    const ItemWeights w{max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0)),
+                        p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
+                            static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes};
     for (int c0 = 0; c0 < n_chunks; c0 += kUnroll) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -292,12 +311,8 @@ __device__ __forceinline__ void produce_gathered(const StreamGemmArgs& p, WgmmaI
           mbar_wait(full + 8, phase ^ 1);  // the stage's empty barrier
           const std::uint32_t st = base + slot * stage_bytes;
           if (tid == 0) {
-            mbar_arrive_expect_tx(full, groups * WeightLayout::kBlockBytes);
-            for (int w = 0; w < groups; ++w) {
-              bulk_copy(st + w * WeightLayout::kBlockBytes,
-                        wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
-                        WeightLayout::kBlockBytes, full);
-            }
+            mbar_arrive_expect_tx(full, w.groups * WeightLayout::kBlockBytes);
+            copy_weights(w, n_chunks, c, st, full);
           }
 #pragma unroll
           for (int j = 0; j < kRows; ++j)
@@ -383,20 +398,16 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
          item += gridDim.x) {
       const WgmmaItem it = items.at(item);
-      const int groups = max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0));
-      const std::uint8_t* wsrc = p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
-                                 static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes;
+      const ItemWeights w{max(0, min(WgmmaGemmLayout::kGroups, expert_groups - it.group0)),
+                          p.weights + static_cast<std::int64_t>(it.expert) * p.expert_stride +
+                              static_cast<std::int64_t>(it.group0) * n_chunks * WeightLayout::kBlockBytes};
       const std::uint32_t bytes =
-          groups * WeightLayout::kBlockBytes + kTokens * WgmmaGemmLayout::kActRowBytes;
+          w.groups * WeightLayout::kBlockBytes + kTokens * WgmmaGemmLayout::kActRowBytes;
       for (int c = 0; c < n_chunks; ++c) {
         mbar_wait(empty_bar(slot), phase ^ 1);
         const std::uint32_t st = base + slot * stage_bytes;
         mbar_arrive_expect_tx(full_bar(slot), bytes);
-        for (int w = 0; w < groups; ++w) {
-          bulk_copy(st + w * WeightLayout::kBlockBytes,
-                    wsrc + (static_cast<std::int64_t>(w) * n_chunks + c) * WeightLayout::kBlockBytes,
-                    WeightLayout::kBlockBytes, full_bar(slot));
-        }
+        copy_weights(w, n_chunks, c, st, full_bar(slot));
         tma_load_2d(st + kActOff, &act_map, c * WeightLayout::kChunkK, it.slot0, full_bar(slot));
         if (++slot == stages) {
           slot = 0;
