@@ -106,8 +106,10 @@ __device__ __forceinline__ void store_token(const StreamGemmArgs& p, int expert,
   store_token<EPI>(p, tile_out<EPI>(p, expert, tile, g), out_row_ptr(p, out_row), v_g, v_g8);
 }
 
-// Host side: raises a kernel's dynamic shared-memory limit to the device's opt-in maximum (once
-// for every configuration of that function) and reports its registers and occupancy at `smem`.
+// Host side: raises a kernel's dynamic shared-memory limit to the device's opt-in maximum less its
+// static shared memory (once for every configuration of that function) and reports its registers
+// and occupancy at `smem` dynamic bytes; cudaErrorInvalidValue where smem and the static bytes
+// together exceed the opt-in maximum.
 template <typename Kernel>
 cudaError_t setup_kernel(Kernel fn, int threads, int smem, KernelAttributes* attributes) {
   int device = 0, optin = 0;
@@ -115,11 +117,12 @@ cudaError_t setup_kernel(Kernel fn, int threads, int smem, KernelAttributes* att
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  if (smem > optin) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err != cudaSuccess) return err;
   cudaFuncAttributes fa{};
   err = cudaFuncGetAttributes(&fa, fn);
+  if (err != cudaSuccess) return err;
+  const int static_bytes = static_cast<int>(fa.sharedSizeBytes);
+  if (smem + static_bytes > optin) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - static_bytes);
   if (err != cudaSuccess) return err;
   int blocks = 0;
   err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem);

@@ -22,6 +22,28 @@ inline constexpr int kMaxGroups = 32;  // sigmoid router: one lane per group
 inline constexpr int kSmallRouteTokens = 128;
 inline constexpr int kSmallRouteExperts = 256;
 
+// The fused decode path (launch_stream_gemm_routed): the first stream GEMM routes and groups up
+// to kFusedRouteTokens tokens in each of its CTAs, into these shared-memory tables (static shared
+// memory beside the configuration's StreamGemmLayout::cta_bytes: kFusedRouteTableBytes). E + P
+// must not exceed the CTA's threads, T * (k + P) kFusedRouteSlots.
+inline constexpr int kFusedRouteTokens = 16;  // (at most 32: a bit per token in a mask)
+inline constexpr int kFusedRouteExperts = 512;
+inline constexpr int kFusedRouteSlots = 512;
+inline constexpr int kRouteScanValues = 6;  // values the routing's one-pass scan carries
+inline constexpr int kRouteScanWarps = 32;  // the most warps of a scanning CTA
+struct alignas(128) FusedRouteTables {      // (the dynamic shared memory after it stays 128-byte aligned)
+  std::uint32_t token_mask[kFusedRouteExperts];  // bit t: token t picked the expert
+  std::int32_t counts[kFusedRouteExperts];       // tokens per expert, then zero (the scan's cursors)
+  std::int32_t offsets[kFusedRouteExperts + 1];
+  std::int32_t active[kFusedRouteExperts];
+  std::int32_t tb_prefix[2][kFusedRouteExperts + 1];
+  std::int32_t n_active;
+  std::int32_t ids[kFusedRouteTokens * kMaxTopK];  // [T, k] picks
+  std::int32_t slot_token[kFusedRouteSlots];
+  std::int32_t scan_sums[kRouteScanWarps + 1][kRouteScanValues];
+};
+inline constexpr int kFusedRouteTableBytes = static_cast<int>(sizeof(FusedRouteTables));
+
 enum class RouterId : int { kSoftmaxTopK = 0, kSigmoidGroupTopK = 1, kTopKSoftmax = 2 };
 
 struct RouteArgs {
@@ -166,6 +188,33 @@ cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epi
                               KernelAttributes* attributes);
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config,
                                StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
+
+// The fused decode path's first GEMM: each CTA routes `route.tokens` tokens and groups them
+// (`group`: tables and outputs as for launch_route_group_small, the token blocks of both GEMMs)
+// into its shared memory before running as launch_stream_gemm over them; CTA 0 writes routing's
+// outputs (ids, weights, offsets, active list, prefixes, slots) for the kernels after it. It is a
+// forward's first kernel: launched without PDL, it replaces the routing launch. Compiled for
+// m_tiles 4, n_tiles 1, ring depths 2-4, the SwiGLU epilogues and E <= 256
+// (stream_gemm_routed_compiled); cudaErrorInvalidValue for any other, or where fused_route_fits
+// is false. Its shared memory is the configuration's cta_bytes plus kFusedRouteTableBytes
+// (static); the setup refuses a configuration where both exceed the device's opt-in maximum.
+bool stream_gemm_routed_compiled(const StreamGemmConfig& config, StreamEpilogue epilogue, int experts);
+cudaError_t stream_gemm_routed_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, int experts,
+                                     KernelAttributes* attributes);
+cudaError_t launch_stream_gemm_routed(const StreamGemmArgs& args, const StreamGemmConfig& config,
+                                      StreamEpilogue epilogue, int grid, const RouteArgs& route,
+                                      const GroupArgs& group, cudaStream_t stream);
+// Whether a forward's routing fits the fused path's tables and CTA (FusedRouteTables' limits); the
+// launch needs route.logits too.
+constexpr bool fused_route_fits(const RouteArgs& route, const GroupArgs& group,
+                                const StreamGemmConfig& config) {
+  const int pieces = group.shared_pieces;
+  return route.tokens >= 1 && route.tokens <= kFusedRouteTokens && route.top_k >= 1 &&
+         route.top_k <= kMaxTopK && route.experts + pieces <= kFusedRouteExperts &&
+         route.experts + pieces <= StreamGemmLayout::threads(config) &&
+         route.tokens * (route.top_k + pieces) <= kFusedRouteSlots && group.tb_tail[0] == 0 &&
+         group.tb_tail[1] == 0 && group.tb_small[0] == 0 && group.tb_small[1] == 0;
+}
 
 // The tiled (prefill) GEMM: same arguments; row_blocks counts row blocks of
 // TileGemmLayout::rows(config) rows and tb_prefix token blocks of TileGemmLayout::tokens(config).

@@ -14,297 +14,28 @@
 // For decode sizes all four run in one CTA of 1024 threads and one launch.
 #include <climits>
 
-#include "fp4moe/detail/portable_math.hpp"
-#include "kernels/common.cuh"
-#include "kernels/launch.hpp"
-#include "kernels/wgmma_gemm_layout.hpp"
+#include "kernels/routing.cuh"
 
 namespace fp4moe::kernels {
 namespace {
 
-using detail::pm_add;
-using detail::pm_div;
-using detail::pm_mul;
-using detail::portable_exp;
-using detail::portable_sigmoid;
+using routing::kScanWarps;
+using routing::route_token;
+using routing::RoutePick;
+using routing::scan_experts;
+using routing::ScanSums;
 
 constexpr int kSmallThreads = 1024;  // the one-CTA decode kernel: one warp per token
 constexpr int kThreads = 256;        // the multi-CTA kernels
 static_assert(kMaxTotalExperts == kSmallThreads, "the scan gives each thread one expert");
 static_assert(kSmallRouteTokens % (kSmallThreads / 32) == 0);
 
-// Order-preserving key of (score, id): larger key = ranks first (detail::ranks_before).
-__device__ __forceinline__ unsigned long long rank_key(float score, int id) {
-  std::uint32_t hi = 0;  // NaN: below every number
-  if (score == score) {
-    const std::uint32_t u = score == 0.0f ? 0u : __float_as_uint(score);  // -0 ranks as +0
-    hi = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  }
-  return (static_cast<unsigned long long>(hi) << 32) | (0xffffffffu - static_cast<std::uint32_t>(id));
-}
-// The score a key was made from (-0 comes back as +0; NaN as NaN).
-__device__ __forceinline__ float key_score(unsigned long long key) {
-  const std::uint32_t hi = static_cast<std::uint32_t>(key >> 32);
-  if (hi == 0) return __int_as_float(0x7fc00000);
-  return __uint_as_float((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
-}
-__device__ __forceinline__ int key_id(unsigned long long key) {
-  return static_cast<int>(0xffffffffu - static_cast<std::uint32_t>(key));
-}
+static_assert(kSmallThreads / 32 == kScanWarps);
 
-// The largest key over the warp.
-__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long key) {
-  const std::uint32_t hi = static_cast<std::uint32_t>(key >> 32);
-  const std::uint32_t max_hi = __reduce_max_sync(0xffffffffu, hi);
-  const std::uint32_t lo = hi == max_hi ? static_cast<std::uint32_t>(key) : 0u;
-  const std::uint32_t max_lo = __reduce_max_sync(0xffffffffu, lo);
-  return (static_cast<unsigned long long>(max_hi) << 32) | max_lo;
-}
-
-// Routes token t with one warp; PER = experts per lane (expert e = lane + 32 i). Writes the
-// picks and weights of token t and returns the pick of rank `lane` in lanes < k (else -1).
-template <int PER>
-__device__ __forceinline__ int route_token(const RouteArgs& a, int t, int lane) {
-  const int E = a.experts;
-  const float* logits = a.logits + static_cast<std::int64_t>(t) * E;
-  const bool sigmoid = a.router == RouterId::kSigmoidGroupTopK;
-  // Only the keys stay in registers; a pick's value (sigmoid or logit) is recomputed from its
-  // logit afterwards, which keeps PER = 16 (E <= 512) within the 1024-thread CTA's registers.
-  unsigned long long key[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int e = lane + 32 * i;
-    key[i] = 0;
-    if (e < E) {
-      const float l = logits[e];
-      if (sigmoid) {
-        const float s = portable_sigmoid(l);
-        key[i] = rank_key(pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f), e);
-      } else {
-        key[i] = rank_key(l, e);  // softmax is monotonic: rank by logits (no ties made by rounding)
-      }
-    }
-  }
-
-  if (sigmoid && a.n_group > 1) {
-    // Group score = best + second selection score of each group of E / n_group experts, by
-    // two warp-wide maxima per group; lane g keeps group g's key.
-    const int gsize = E / a.n_group;
-    unsigned long long gkey = 0;
-    for (int grp = 0; grp < a.n_group; ++grp) {
-      unsigned long long k1 = 0, k2 = 0;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) {
-        const int e = lane + 32 * i;
-        if (e < E && e / gsize == grp) {
-          if (key[i] > k1) {
-            k2 = k1;
-            k1 = key[i];
-          } else if (key[i] > k2) {
-            k2 = key[i];
-          }
-        }
-      }
-      const unsigned long long best = warp_max_key(k1);
-      const unsigned long long second = warp_max_key(k1 == best ? k2 : k1);
-      const float score = gsize >= 2 ? pm_add(key_score(best), key_score(second)) : key_score(best);
-      if (lane == grp) gkey = rank_key(score, grp);
-    }
-    std::uint32_t kept = 0;
-    for (int r = 0; r < a.topk_group; ++r) {
-      const unsigned long long best = warp_max_key(((kept >> lane) & 1u) ? 0ull : gkey);
-      kept |= 1u << key_id(best);
-    }
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int e = lane + 32 * i;
-      if (e < E && !((kept >> (e / gsize)) & 1u)) key[i] = 0;
-    }
-  }
-
-  // The lane's best key, kept current as picks are taken.
-  unsigned long long lk = 0;
-#pragma unroll
-  for (int i = 0; i < PER; ++i) lk = key[i] > lk ? key[i] : lk;
-  int my_pick = -1;
-  std::uint32_t taken = 0;
-  for (int r = 0; r < a.top_k; ++r) {
-    const unsigned long long best = warp_max_key(lk);
-    const int id = key_id(best);
-    if (lane == r) my_pick = id;
-    if ((id & 31) == lane) {
-      // A taken mask, not a store into key[]: an indexed store would move key[] to local memory.
-      taken |= 1u << (id >> 5);
-      lk = 0;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) {
-        if (!((taken >> i) & 1u) && key[i] > lk) lk = key[i];
-      }
-    }
-  }
-  // The pick's value: sigmoid router s, otherwise the logit.
-  const float pick_logit = my_pick >= 0 ? logits[my_pick] : 0.0f;
-  const float my_val = sigmoid ? portable_sigmoid(pick_logit) : pick_logit;
-
-  // Weights, in the reference's operation order where it is cheap to keep (see docs/NUMERICS.md).
-  const int k = a.top_k;
-  float w = 0.0f;
-  if (a.router == RouterId::kSigmoidGroupTopK) {
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum = pm_add(sum, __shfl_sync(0xffffffffu, my_val, j));
-    w = my_val;
-    if (a.renormalize) w = pm_div(w, pm_add(sum, 1e-20f));
-    w = pm_mul(w, a.scaling);
-  } else if (a.router == RouterId::kSoftmaxTopK) {
-    // Softmax over all E (the max is pick 0's logit); the sum is a tree over the warp, so the
-    // weights agree with the reference's index-order sum to rounding (ids are exact).
-    const float m = __shfl_sync(0xffffffffu, my_val, 0);
-    float part = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      if (lane + 32 * i < E) part = pm_add(part, portable_exp(pm_add(logits[lane + 32 * i], -m)));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) part = pm_add(part, __shfl_xor_sync(0xffffffffu, part, off));
-    const float p = pm_div(portable_exp(pm_add(my_val, -m)), part);
-    float psum = 0.0f;
-    for (int j = 0; j < k; ++j) psum = pm_add(psum, __shfl_sync(0xffffffffu, p, j));
-    w = a.renormalize ? pm_div(p, psum) : p;
-  } else {  // top-k, then softmax over the k
-    const float m = __shfl_sync(0xffffffffu, my_val, 0);
-    const float ex = portable_exp(pm_add(my_val, -m));
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum = pm_add(sum, __shfl_sync(0xffffffffu, ex, j));
-    w = pm_div(ex, sum);
-  }
-  if (lane < k) {
-    a.topk_ids[static_cast<std::int64_t>(t) * k + lane] = my_pick;
-    a.topk_weights[static_cast<std::int64_t>(t) * k + lane] = w;
-  }
-  return lane < k ? my_pick : -1;
-}
-
-// Exclusive prefix sums of kScanValues values per thread over the kSmallThreads threads of the
-// CTA, in one pass: each warp scans its lanes' values with shuffles (the value chains interleave),
-// warp 0 scans the warps' totals, two barriers in all. v becomes the exclusive prefixes, total the
-// sums. Why not CUB's BlockScan: it scans one value (or one struct) per call, and six calls one
-// after another, two barriers each, were a chain the one-token router waited on (T=1 1.020x
-// without them, docs/PERF.md history); its warp-scans algorithm, which one call over a struct
-// would want, adds the warps' totals serially in every thread and measured 1.2 us slower than its
-// raking one here, and the raking one spilled with 64-bit values (7228316).
-constexpr int kScanValues = 6;
-constexpr int kScanWarps = kSmallThreads / 32;
-using ScanSums = int[kScanWarps + 1][kScanValues];
-
-// Inclusive prefix sums of each of the kScanValues values over the warp's lanes (shuffles; the
-// values' chains interleave).
-__device__ __forceinline__ void warp_inclusive_scan(int (&x)[kScanValues], int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < kScanValues; ++i) {
-      const int y = __shfl_up_sync(0xffffffffu, x[i], off);
-      if (lane >= off) x[i] += y;
-    }
-  }
-}
-
-__device__ __forceinline__ void block_exclusive_scan(int (&v)[kScanValues], int (&total)[kScanValues],
-                                                     ScanSums& sums) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  int incl[kScanValues];
-#pragma unroll
-  for (int i = 0; i < kScanValues; ++i) incl[i] = v[i];
-  warp_inclusive_scan(incl, lane);
-  if (lane == 31) {
-#pragma unroll
-    for (int i = 0; i < kScanValues; ++i) sums[warp][i] = incl[i];
-  }
-  __syncthreads();
-  if (warp == 0) {
-    int w[kScanValues], wi[kScanValues];
-#pragma unroll
-    for (int i = 0; i < kScanValues; ++i) wi[i] = w[i] = sums[lane][i];
-    warp_inclusive_scan(wi, lane);
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < kScanValues; ++i) {
-      sums[lane][i] = wi[i] - w[i];
-      if (lane == 31) sums[kScanWarps][i] = wi[i];
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kScanValues; ++i) {
-    total[i] = sums[kScanWarps][i];
-    v[i] = sums[warp][i] + incl[i] - v[i];
-  }
-}
-
-// Offsets, active list and per-GEMM token-block prefixes from `counts` (n experts). One CTA of
-// kSmallThreads threads, one expert each; writes the results to global memory and the offsets
-// also to `offsets_smem` when given.
-__device__ __forceinline__ void scan_experts(const int* counts, int n, const GroupArgs& g, ScanSums& sums,
-                                             int* offsets_smem) {
-  const int e = threadIdx.x;
-  const int cnt = e < n ? counts[e] : 0;
-  const int flag = cnt > 0 ? 1 : 0;
-  // The small-expert launch takes the experts of at most tb_small tokens only when there are at
-  // least small_min of them (GroupArgs::small_min); else the GEMMs' other launches take them.
-  const int small_max = max(g.tb_small[0], g.tb_small[1]);
-  const int small_candidate = flag != 0 && cnt <= small_max ? 1 : 0;
-  const bool take_small = small_max > 0 && __syncthreads_count(small_candidate) >= g.small_min;
-  const int small = take_small ? small_candidate : 0;
-  // Each tail launch's experts (GroupArgs::tail_experts): per GEMM that has tail launches, its two
-  // lists' positions packed in 16-bit halves (n <= kSmallThreads).
-  static_assert(kMaxWgmmaTails == 2, "the scan packs one 16-bit position per tail launch");
-  int cls[2];
-#pragma unroll
-  for (int gi = 0; gi < 2; ++gi) {
-    cls[gi] = g.tb_tail[gi] == 0
-                  ? -1
-                  : wgmma_tail_class(cnt, g.tb_tokens[gi], g.tb_tail[gi], take_small ? g.tb_small[gi] : 0);
-  }
-  int v[kScanValues] = {cnt,
-                        flag | small << 16,
-                        main_token_blocks(cnt, g.tb_tokens[0], g.tb_tail[0], take_small ? g.tb_small[0] : 0),
-                        main_token_blocks(cnt, g.tb_tokens[1], g.tb_tail[1], take_small ? g.tb_small[1] : 0),
-                        cls[0] < 0 ? 0 : 1 << (16 * cls[0]),
-                        cls[1] < 0 ? 0 : 1 << (16 * cls[1])};
-  int total[kScanValues];
-  block_exclusive_scan(v, total, sums);
-  const int off = v[0], pos = v[1] & 0xffff, n_active = total[1] & 0xffff;
-  if (small) g.small_experts[v[1] >> 16] = e;
-  if (small_max > 0 && e == 0) *g.small_count = total[1] >> 16;
-  if (e < n) {
-    g.offsets[e] = off;
-    g.cursors[e] = 0;
-    if (offsets_smem != nullptr) offsets_smem[e] = off;
-    if (flag) {
-      g.active[pos] = e;
-      g.tb_prefix[0][pos] = v[2];
-      g.tb_prefix[1][pos] = v[3];
-    }
-  }
-  if (e == 0) {
-    g.offsets[n] = total[0];
-    if (offsets_smem != nullptr) offsets_smem[n] = total[0];
-    *g.n_active = n_active;
-    g.tb_prefix[0][n_active] = total[2];
-    g.tb_prefix[1][n_active] = total[3];
-  }
-#pragma unroll
-  for (int gi = 0; gi < 2; ++gi) {
-    if (g.tb_tail[gi] == 0) continue;  // the same for every thread
-    if (cls[gi] >= 0)
-      g.tail_experts[gi][GroupArgs::tail_list_offset(cls[gi], n) + ((v[4 + gi] >> (16 * cls[gi])) & 0xffff)] =
-          e;
-    if (e == 0) {
-      g.tail_count[gi][0] = total[4 + gi] & 0xffff;
-      g.tail_count[gi][1] = total[4 + gi] >> 16;
-    }
-  }
+// Token t's pick of rank `lane` (lanes < k) into the routing outputs.
+__device__ __forceinline__ void store_pick(const RouteArgs& ra, int t, int lane, const RoutePick& pick) {
+  ra.topk_ids[static_cast<std::int64_t>(t) * ra.top_k + lane] = pick.id;
+  ra.topk_weights[static_cast<std::int64_t>(t) * ra.top_k + lane] = pick.weight;
 }
 
 __device__ __forceinline__ bool valid_expert(const GroupArgs& g, int e) {
@@ -348,8 +79,9 @@ __global__ void __launch_bounds__(kSmallThreads, 1)
   __syncthreads();
   if (ra.logits != nullptr) {
     for (int t = warp; t < ra.tokens; t += kWarps) {
-      const int pick = route_token<PER>(ra, t, lane);
-      if (pick >= 0) atomicAdd(&counts[pick], 1);
+      const RoutePick pick = route_token<PER>(ra, t, lane);
+      if (lane < ra.top_k) store_pick(ra, t, lane, pick);
+      if (pick.id >= 0) atomicAdd(&counts[pick.id], 1);
     }
   } else {  // routed by the caller: count the given ids
     for (int idx = threadIdx.x; idx < ga.tokens * ga.top_k; idx += kSmallThreads) {
@@ -358,7 +90,7 @@ __global__ void __launch_bounds__(kSmallThreads, 1)
     }
   }
   __syncthreads();
-  scan_experts(counts, n, ga, scan_sums, offsets);
+  scan_experts<kSmallThreads / 32>(counts, n, ga, scan_sums, offsets);
   __syncthreads();
   if (threadIdx.x < n) counts[threadIdx.x] = 0;  // reused as the cursors
   __syncthreads();
@@ -375,8 +107,9 @@ __global__ void __launch_bounds__(kThreads) route_count_kernel(const RouteArgs r
   const int warp = threadIdx.x >> 5;
   const int t = blockIdx.x * kWarps + warp;
   if (t >= ra.tokens) return;
-  const int pick = route_token<PER>(ra, t, lane);
-  if (pick >= 0) atomicAdd(&ga.counts[pick], 1);
+  const RoutePick pick = route_token<PER>(ra, t, lane);
+  if (lane < ra.top_k) store_pick(ra, t, lane, pick);
+  if (pick.id >= 0) atomicAdd(&ga.counts[pick.id], 1);
 }
 
 __global__ void __launch_bounds__(kThreads) group_count_kernel(const GroupArgs ga) {
@@ -392,7 +125,7 @@ __global__ void __launch_bounds__(kSmallThreads) group_scan_kernel(const GroupAr
   const int n = ga.experts + ga.shared_pieces;
   if (threadIdx.x < n) counts[threadIdx.x] = threadIdx.x < ga.experts ? ga.counts[threadIdx.x] : ga.tokens;
   __syncthreads();
-  scan_experts(counts, n, ga, scan_sums, nullptr);
+  scan_experts<kSmallThreads / 32>(counts, n, ga, scan_sums, nullptr);
 }
 
 __global__ void __launch_bounds__(kThreads) group_scatter_kernel(const GroupArgs ga) {

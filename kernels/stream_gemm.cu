@@ -22,6 +22,7 @@
 #include "kernels/common.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/launch.hpp"
+#include "kernels/routing.cuh"
 #include "kernels/weight_layout.hpp"
 
 #include <algorithm>
@@ -442,9 +443,66 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
   stream_gemm_body<MT, NT, EPI, STAGES, true>(p, stages, k_split);
 }
 
+// The fused decode path's first GEMM (launch_stream_gemm_routed): each CTA routes and groups the
+// forward's few tokens into its own shared tables first (routing::route_group_cta; CTA 0 also
+// writes routing's outputs for the later kernels), then runs the fixed-depth kernel's body over
+// them. It replaces the routing kernel and its handoff: the first kernel of a forward, launched
+// without PDL. PER: experts per lane of the router (4: E <= 128, 8: E <= 256). Its own instances
+// (m4 n1, the first GEMM's epilogues, depths 2-4), so that the other kernels' code is unchanged.
+template <int MT, int NT, StreamEpilogue EPI, int STAGES, int PER>
+__global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
+    fp4moe_stream_gemm_routed(const StreamGemmArgs p, const int stages, const int k_split, const RouteArgs ra,
+                              const GroupArgs ga) {
+  static_assert(sizeof(FusedRouteTables) == kFusedRouteTableBytes, "the host sizes the tables by this");
+  __shared__ FusedRouteTables rt;
+  routing::route_group_cta<PER>(ra, ga, rt, blockIdx.x == 0);
+  // The body looks its items up in this CTA's tables (shared memory at fixed addresses: no
+  // registers, and the lookups compile to shared-memory loads).
+  StreamGemmArgs q = p;
+  q.n_active = &rt.n_active;
+  q.tb_prefix = rt.tb_prefix[0];
+  q.active = rt.active;
+  q.offsets = rt.offsets;
+  q.slot_token = rt.slot_token;
+  stream_gemm_body<MT, NT, EPI, STAGES>(q, stages, k_split);
+}
+
 namespace {
 
 using KernelFn = void (*)(const StreamGemmArgs, const int, const int);
+
+using RoutedKernelFn = void (*)(const StreamGemmArgs, const int, const int, const RouteArgs, const GroupArgs);
+
+template <StreamEpilogue EPI, int PER>
+RoutedKernelFn routed_by_depth(int stages) {
+  switch (stages) {
+    case 2:
+      return fp4moe_stream_gemm_routed<4, 1, EPI, 2, PER>;
+    case 3:
+      return fp4moe_stream_gemm_routed<4, 1, EPI, 3, PER>;
+    case 4:
+      return fp4moe_stream_gemm_routed<4, 1, EPI, 4, PER>;
+    default:
+      return nullptr;
+  }
+}
+
+// The fused first GEMM's instance for (config, epilogue, routed experts E); nullptr where none is
+// compiled.
+RoutedKernelFn routed_kernel_for(const StreamGemmConfig& c, StreamEpilogue epi, int experts) {
+  if (c.m_tiles != 4 || c.n_tiles != 1 || experts < 1 || experts > 256) return nullptr;
+  const bool wide = experts > 128;
+  switch (epi) {
+    case StreamEpilogue::kSwiGLU:
+      return wide ? routed_by_depth<StreamEpilogue::kSwiGLU, 8>(c.stages)
+                  : routed_by_depth<StreamEpilogue::kSwiGLU, 4>(c.stages);
+    case StreamEpilogue::kSwiGLUClamped:
+      return wide ? routed_by_depth<StreamEpilogue::kSwiGLUClamped, 8>(c.stages)
+                  : routed_by_depth<StreamEpilogue::kSwiGLUClamped, 4>(c.stages);
+    default:
+      return nullptr;
+  }
+}
 
 // The kernel of compiled ring depth S: the small-expert launch's or the fixed-depth one.
 template <int MT, int NT, StreamEpilogue EPI, int S, bool SMALL>
@@ -554,6 +612,30 @@ cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfi
   return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
                        static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), pdl, stream, args,
                        config.stages, config.k_split);
+}
+
+bool stream_gemm_routed_compiled(const StreamGemmConfig& config, StreamEpilogue epilogue, int experts) {
+  return routed_kernel_for(config, epilogue, experts) != nullptr;
+}
+
+cudaError_t stream_gemm_routed_setup(const StreamGemmConfig& config, StreamEpilogue epilogue, int experts,
+                                     KernelAttributes* attributes) {
+  const RoutedKernelFn fn = routed_kernel_for(config, epilogue, experts);
+  if (fn == nullptr || !StreamGemmLayout::valid(config)) return cudaErrorInvalidValue;
+  return setup_kernel(fn, StreamGemmLayout::threads(config),
+                      static_cast<int>(StreamGemmLayout::cta_bytes(config)), attributes);
+}
+
+cudaError_t launch_stream_gemm_routed(const StreamGemmArgs& args, const StreamGemmConfig& config,
+                                      StreamEpilogue epilogue, int grid, const RouteArgs& route,
+                                      const GroupArgs& group, cudaStream_t stream) {
+  const RoutedKernelFn fn = routed_kernel_for(config, epilogue, route.experts);
+  if (fn == nullptr || !StreamGemmLayout::valid(config) || route.logits == nullptr ||
+      !fused_route_fits(route, group, config))
+    return cudaErrorInvalidValue;
+  return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
+                       static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), false, stream, args,
+                       config.stages, config.k_split, route, group);
 }
 
 }  // namespace fp4moe::kernels

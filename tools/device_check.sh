@@ -79,7 +79,7 @@ if has gpu; then
 fi
 
 if has sanitize; then
-  small='GpuMoeLayer.SmallestLegalShapesAndKTail:GpuMoeLayer.StreamKernelWithManyItemsPerWarpOnATinyLayer:GpuMoeLayer.SigmoidGroupRouterWithSharedExpert:GpuMoeLayer.GptOssStyleMxfp4ClampedSwigluWithBiases:GpuMoeLayer.EveryCompiledTileConfigIsCorrect:GpuMoeLayer.EveryWgmmaConfigIsCorrect'
+  small='GpuMoeLayer.SmallestLegalShapesAndKTail:GpuMoeLayer.FusedRoutingOnATinyLayer:GpuMoeLayer.StreamKernelWithManyItemsPerWarpOnATinyLayer:GpuMoeLayer.SigmoidGroupRouterWithSharedExpert:GpuMoeLayer.GptOssStyleMxfp4ClampedSwigluWithBiases:GpuMoeLayer.EveryCompiledTileConfigIsCorrect:GpuMoeLayer.EveryWgmmaConfigIsCorrect'
   for tool in memcheck racecheck synccheck; do
     log "compute-sanitizer $tool"
     if timeout "$step_limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$build/tests/fp4moe_gpu_tests" \

@@ -29,6 +29,7 @@ struct BenchOptions {
   bool stages = false;              // also time each stage in place (prefix graphs; GPU only)
   bool l2_prefetch = true;          // MoeLayerOptions::l2_prefetch (off: for A/B runs)
   bool small_expert_launch = true;  // MoeLayerOptions::small_expert_launch (off: for A/B runs)
+  bool fused_routing = true;        // MoeLayerOptions::fused_routing (off: for A/B runs)
   int small_expert_tokens = -1;     // MoeLayerOptions::small_expert_tokens (-1: the layer's choice)
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend

@@ -393,6 +393,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   lo.max_tokens = max_t;
   lo.l2_prefetch = options.l2_prefetch;
   lo.small_expert_launch = options.small_expert_launch;
+  lo.fused_routing = options.fused_routing;
   lo.small_expert_tokens = options.small_expert_tokens;
   const MoeLayer layer(w, lo);
 

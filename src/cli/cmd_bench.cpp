@@ -42,7 +42,8 @@ void register_bench(CLI::App& app) {
     LayerShapeOptions layer;
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
-    bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false;
+    bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
+         no_fused_routing = false;
     std::uint64_t seed = 1;
     std::string json;
   };
@@ -61,6 +62,9 @@ void register_bench(CLI::App& app) {
                 "differences of forwards stopped after each; GPU only)");
   cmd->add_flag("--no-l2-prefetch", o->no_l2_prefetch,
                 "Turn off the decode GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; for A/B runs)");
+  cmd->add_flag("--no-fused-routing", o->no_fused_routing,
+                "Route with the routing kernel at decode sizes, not in the first GEMM's CTAs "
+                "(MoeLayerOptions::fused_routing; for A/B runs)");
   cmd->add_flag("--no-small-expert-launch", o->no_small_experts,
                 "Run the experts of at most 16 tokens on the wgmma kernel too, not on the stream kernel "
                 "(MoeLayerOptions::small_expert_launch; for A/B runs)");
@@ -99,6 +103,7 @@ void register_bench(CLI::App& app) {
     b.stages = o->stages;
     b.l2_prefetch = !o->no_l2_prefetch;
     b.small_expert_launch = !o->no_small_experts;
+    b.fused_routing = !o->no_fused_routing;
     b.small_expert_tokens = o->small_expert_tokens;
     b.seed = o->seed;
     b.cpu = o->cpu;

@@ -171,6 +171,9 @@ struct MoeLayer::Impl {
     GemmChoice choice[2];
     std::vector<gpu::TailLaunch> tails[2];  // the tail launches of each GEMM (wgmma only)
     int small_max = 0;                      // gpu::small_expert_max; 0: no small-expert launch
+    // The first GEMM routes and groups the tokens itself (launch_stream_gemm_routed) when the
+    // forward has logits: fused_routing(...).
+    bool fused_routing = false;
   };
   mutable std::mutex decisions_mu;
   mutable std::map<std::int64_t, Decision> decisions;
@@ -201,7 +204,53 @@ struct MoeLayer::Impl {
     d.tails[0] = tails(tokens, gpu::Gemm::kGateUp, d.choice[0]);
     d.tails[1] = tails(tokens, gpu::Gemm::kDown, d.choice[1]);
     d.small_max = small_max(tokens, d.choice[0]);
+    d.fused_routing = fused_routing(tokens, d.choice[0], d.choice[1], d.tails, d.small_max);
     return decisions.emplace(tokens, d).first->second;
+  }
+
+  // Whether a forward of T tokens under these choices runs the fused decode path: the stream
+  // kernel's m4 n1 first GEMM routes and groups in each CTA (MoeLayerOptions::fused_routing),
+  // where that kernel is compiled for the configuration, the tables fit (kernels::fused_route_fits)
+  // and the driver fits a CTA of it with its static shared memory on an SM.
+  bool fused_routing(std::int64_t tokens, const GemmChoice& c1, const GemmChoice& c2,
+                     const std::vector<gpu::TailLaunch> (&t)[2], int small) const {
+    if (!options.fused_routing || tokens < 1 || tokens > kernels::kFusedRouteTokens) return false;
+    if (c1.kernel != GemmKernel::kStream || c2.kernel != GemmKernel::kStream || !t[0].empty() ||
+        !t[1].empty() || tb_small(c1, small) != 0 || tb_small(c2, small) != 0) {
+      return false;
+    }
+    const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
+    const kernels::StreamGemmConfig cfg = gpu::stream_config(c1);
+    if (!kernels::stream_gemm_routed_compiled(cfg, e1, static_cast<int>(desc.experts))) return false;
+    if (kernels::StreamGemmLayout::cta_bytes(cfg) + kernels::kFusedRouteTableBytes >
+        limits.smem_per_block_optin)
+      return false;
+    const kernels::RouteArgs ra = route_args(nullptr, static_cast<int>(tokens));
+    const kernels::GroupArgs ga = group_args(nullptr, static_cast<int>(tokens), c1, c2, small);
+    return kernels::fused_route_fits(ra, ga, cfg) && routed_grid(c1, e1) > 0;
+  }
+
+  // The fused first GEMM's persistent grid (routed_grid > 0: it was set up and fits), or 0 where the
+  // driver fits no CTA of it (its tables add static shared memory to the configuration's).
+  int routed_grid(const GemmChoice& c, kernels::StreamEpilogue epi) const {
+    const auto key =
+        std::make_tuple(-1, c.m_tiles, c.n_tiles, c.stages, c.warps, c.k_split, static_cast<int>(epi));
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = grid_cache.find(key);
+    if (it != grid_cache.end()) return it->second;
+    kernels::KernelAttributes attr;
+    const cudaError_t err =
+        kernels::stream_gemm_routed_setup(gpu::stream_config(c), epi, static_cast<int>(desc.experts), &attr);
+    int g = 0;
+    if (err == cudaSuccess) {
+      g = std::max(attr.max_blocks_per_sm, 0) * limits.sm_count;
+    } else if (err != cudaErrorInvalidValue) {
+      FP4MOE_CUDA_CHECK(err);
+    } else {
+      (void)cudaGetLastError();  // the setup's refusal, not a sticky error
+    }
+    grid_cache.emplace(key, g);
+    return g;
   }
 
   // The most tokens of an expert that the small-expert launch takes under the first GEMM's choice
@@ -405,6 +454,11 @@ struct MoeLayer::Impl {
   // at most small_max tokens to the small-expert launch).
   void route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in, int tokens,
                        const GemmChoice& c1, const GemmChoice& c2, int small_max) const;
+  // Their arguments: routing from logits (into the workspace's ids and weights), and grouping of
+  // those (or the caller's ids_in) into the workspace's tables.
+  kernels::RouteArgs route_args(const float* logits, int tokens) const;
+  kernels::GroupArgs group_args(const std::int32_t* ids_in, int tokens, const GemmChoice& c1,
+                                const GemmChoice& c2, int small_max) const;
   // The k-permuted copy of x (a row per token) that a wgmma first GEMM gathers its rows from.
   void permute_gather(Stream stream, const Bf16* x, std::int64_t tokens) const;
   // The arguments of GEMM `which` under config c (x: the forward's input, read by the first GEMM;
@@ -462,14 +516,14 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   }
   m.measure_resources();
   m.load_tune_cache_file();
-  // A forced configuration's verdict does not depend on T: judge it now, before any upload.
-  if (options.gemm1 || options.gemm2) m.decide(1);
-
   const std::int64_t H = d.hidden, I = d.intermediate, E = d.experts;
   m.pieces = static_cast<int>(d.shared_pieces());
   m.experts_total = static_cast<int>(E) + m.pieces;
   require(m.experts_total <= kernels::kMaxTotalExperts, "experts + shared pieces = {} exceeds {}",
           m.experts_total, kernels::kMaxTotalExperts);
+  // A forced configuration's verdict does not depend on T: judge it now, before any upload (after
+  // the pieces: whether a decision fuses routing depends on them).
+  if (options.gemm1 || options.gemm2) m.decide(1);
 
   // Per (pseudo-)expert matrices: routed experts, then the shared expert cut into pieces of I.
   struct Mats {
@@ -612,9 +666,7 @@ MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
-                                     int tokens, const GemmChoice& c1, const GemmChoice& c2,
-                                     int small_max) const {
+kernels::RouteArgs MoeLayer::Impl::route_args(const float* logits, int tokens) const {
   const LayerDesc& d = desc;
   kernels::RouteArgs ra;
   ra.logits = logits;
@@ -631,12 +683,16 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ra.scaling = d.routed_scaling_factor;
   ra.topk_ids = topk_ids;
   ra.topk_weights = topk_weights;
+  return ra;
+}
 
+kernels::GroupArgs MoeLayer::Impl::group_args(const std::int32_t* ids_in, int tokens, const GemmChoice& c1,
+                                              const GemmChoice& c2, int small_max) const {
   kernels::GroupArgs ga;
   ga.topk_ids = ids_in != nullptr ? ids_in : topk_ids;
   ga.tokens = tokens;
-  ga.top_k = ra.top_k;
-  ga.experts = ra.experts;
+  ga.top_k = static_cast<int>(desc.top_k);
+  ga.experts = static_cast<int>(desc.experts);
   ga.shared_pieces = pieces;
   ga.tb_tokens[0] = c1.token_block();
   ga.tb_tokens[1] = c2.token_block();
@@ -660,7 +716,14 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
   ga.tail_count[1] = tail_count[1];
   ga.slot_token = slot_token;
   ga.pair_slot = pair_slot;
+  return ga;
+}
 
+void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const std::int32_t* ids_in,
+                                     int tokens, const GemmChoice& c1, const GemmChoice& c2,
+                                     int small_max) const {
+  const kernels::RouteArgs ra = route_args(logits, tokens);
+  const kernels::GroupArgs ga = group_args(ids_in, tokens, c1, c2, small_max);
   if (tokens <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
     FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, stream));
   } else {
@@ -766,12 +829,23 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   if (small1) grid(gpu::small_expert_choice(decision.small_max), e1);
   if (small2) grid(gpu::small_expert_choice(decision.small_max), e2);
 
-  route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
-  if (last == ForwardStage::kRouting) return;
-  if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
-  if (last == ForwardStage::kGather) return;
-  launch_with_tails(gpu::Gemm::kGateUp, gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma),
-                    c1, decision.tails[0], e1, pdl, stream);
+  // The fused decode path: the first GEMM routes and groups (no routing launch). forward_until's
+  // routing (and gather) stages run the routing kernel instead.
+  const bool fused = decision.fused_routing && logits != nullptr && last != ForwardStage::kRouting &&
+                     last != ForwardStage::kGather;
+  if (fused) {
+    FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm_routed(
+        gemm_args(gpu::Gemm::kGateUp, c1, x, false), gpu::stream_config(c1), e1, routed_grid(c1, e1),
+        route_args(logits, T), group_args(nullptr, T, c1, c2, decision.small_max), stream));
+  } else {
+    route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
+    if (last == ForwardStage::kRouting) return;
+    if (c1.kernel == GemmKernel::kWgmma) permute_gather(stream, x, tokens);
+    if (last == ForwardStage::kGather) return;
+    launch_with_tails(gpu::Gemm::kGateUp,
+                      gemm_args(gpu::Gemm::kGateUp, c1, x, c2.kernel == GemmKernel::kWgmma), c1,
+                      decision.tails[0], e1, pdl, stream);
+  }
   if (small1) launch_small(gpu::Gemm::kGateUp, x, decision.small_max, e1, pdl, stream);
   if (last == ForwardStage::kGateUp) return;
   launch_with_tails(gpu::Gemm::kDown, gemm_args(gpu::Gemm::kDown, c2, x, false), c2, decision.tails[1], e2,
@@ -834,6 +908,7 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const LayerGemmPick p1 = m.pick(tokens, gpu::Gemm::kGateUp);
   const LayerGemmPick p2 = m.pick(tokens, gpu::Gemm::kDown);
   const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
+  const bool fused = tokens >= 1 && m.decide(tokens).fused_routing;  // (with router logits)
   const auto tails = [&](gpu::Gemm which, const GemmChoice& c) {
     std::string s;
     for (const gpu::TailLaunch& t : m.tails(tokens, which, c)) {
@@ -855,11 +930,14 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
       prefetch > 0 ? fmt::format(", {} K chunks per warp prefetched into L2 during gate/up", prefetch) : "";
   return fmt::format(
       "T={}: {}; gate/up GEMM: {} [{}], grid {}{}{}; down GEMM: {} [{}], grid {}{}{}{}; finalize", tokens,
-      small ? "route+group (1 CTA)" : "route, scan, scatter", p1.choice.to_string(), p1.why,
-      m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)), tails(gpu::Gemm::kGateUp, p1.choice),
-      small_launch(gpu::Gemm::kGateUp, p1.choice), p2.choice.to_string(), p2.why,
-      m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), l2, tails(gpu::Gemm::kDown, p2.choice),
-      small_launch(gpu::Gemm::kDown, p2.choice));
+      fused ? "route+group in every gate/up CTA (fused)"
+            : (small ? "route+group (1 CTA)" : "route, scan, scatter"),
+      p1.choice.to_string(), p1.why,
+      fused ? m.routed_grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp))
+            : m.grid(p1.choice, m.epilogue(gpu::Gemm::kGateUp)),
+      tails(gpu::Gemm::kGateUp, p1.choice), small_launch(gpu::Gemm::kGateUp, p1.choice),
+      p2.choice.to_string(), p2.why, m.grid(p2.choice, m.epilogue(gpu::Gemm::kDown)), l2,
+      tails(gpu::Gemm::kDown, p2.choice), small_launch(gpu::Gemm::kDown, p2.choice));
 }
 
 namespace gpu {

@@ -174,6 +174,93 @@ TEST(GpuMoeLayer, DecodeRouterWithFewTokensMatchesReference) {
   }
 }
 
+// The fused decode path (MoeLayerOptions::fused_routing): the first GEMM's CTAs route and group
+// the tokens themselves, each into its own shared memory, with a deterministic scatter that every
+// CTA must agree on. Against the routing kernel's layer (the same configurations, fusion off): the
+// same routing and the same output bits; against the reference within the tolerance. Every router
+// kind, 16-256 experts (4 and 8 experts per router lane), 0-2 shared pieces, one expert taking
+// every token, T = 1-16, and the ring depths and K splits of the fused instances; T = 17 and
+// E + P above the CTA's threads fall back to the routing kernel (the plan says which ran).
+TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  struct Case {
+    RouterKind router;
+    std::int64_t experts, top_k, shared;
+  };
+  const std::vector<Case> cases = {
+      {RouterKind::kSigmoidGroupTopK, 16, 4, 0},  {RouterKind::kSigmoidGroupTopK, 256, 8, 128},
+      {RouterKind::kSoftmaxTopK, 64, 8, 256},     {RouterKind::kSoftmaxTopK, 129, 6, 0},
+      {RouterKind::kTopKSoftmax, 128, 2, 0},      {RouterKind::kTopKSoftmax, 200, 8, 128},
+      {RouterKind::kSigmoidGroupTopK, 256, 8, 0},
+  };
+  const std::vector<GemmChoice> gemm1 = {GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3},
+                                         GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 1},
+                                         GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}};
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    LayerDesc d = small_desc(c.router);
+    d.experts = c.experts;
+    d.top_k = c.top_k;
+    d.shared_intermediate = c.shared;
+    if (c.router == RouterKind::kSigmoidGroupTopK && c.experts == 256) {
+      d.n_group = ci == 1 ? 8 : 1;  // DeepSeek-V3's groups, or GLM-5's none
+      d.topk_group = ci == 1 ? 4 : 1;
+    }
+    const LayerWeights w = random_layer_weights(d, 2100 + ci);
+    const std::int64_t threads_needed = d.experts + d.shared_pieces();
+    for (std::size_t gi = 0; gi < gemm1.size(); ++gi) {
+      MoeLayerOptions o;
+      o.max_tokens = 17;
+      o.gemm1 = gemm1[gi];
+      o.gemm2 = GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 2};
+      MoeLayerOptions off = o;
+      off.fused_routing = false;
+      const MoeLayer fused(w, o), plain(w, off);
+      for (const std::int64_t T : {1, 2, 3, 5, 8, 9, 16, 17}) {
+        SCOPED_TRACE(d.to_string() + " " + gemm1[gi].to_string() + " T=" + std::to_string(T));
+        const bool expect_fused = T <= 16 && threads_needed <= 32 * gemm1[gi].warps;
+        EXPECT_EQ(fused.plan_summary(T).find("(fused)") != std::string::npos, expect_fused)
+            << fused.plan_summary(T);
+        EXPECT_EQ(plain.plan_summary(T).find("(fused)"), std::string::npos);
+        for (const int hot : {-1, static_cast<int>(d.experts) - 1}) {
+          const std::uint64_t seed = 2200 + 10 * static_cast<std::uint64_t>(T) + ci;
+          const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), seed);
+          const auto logits = make_logits(d, T, seed + 1, hot);
+          const GpuRun a = run_gpu(fused, x, logits, T);
+          const GpuRun b = run_gpu(plain, x, logits, T);
+          ASSERT_EQ(a.ids, b.ids) << "routing ids differ";
+          ASSERT_TRUE(std::equal(a.weights.begin(), a.weights.end(), b.weights.begin(), [](float u, float v) {
+            return u == v;
+          })) << "routing weights differ";
+          EXPECT_TRUE(std::equal(a.out.begin(), a.out.end(), b.out.begin(), [](Bf16 u, Bf16 v) {
+            return u.bits == v.bits;
+          })) << "output differs from the routing kernel's layer";
+          if (hot < 0) expect_matches_reference(w, fused, T, seed);
+        }
+      }
+    }
+  }
+}
+
+// The fused path on one small layer (the sanitizers' case: compute-sanitizer runs it in
+// tools/device_check.sh): a shared expert, a K split, T = 1, 5 and 16, one expert taking every token.
+TEST(GpuMoeLayer, FusedRoutingOnATinyLayer) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
+  d.shared_intermediate = 128;
+  const LayerWeights w = random_layer_weights(d, 2300);
+  MoeLayerOptions o;
+  o.max_tokens = 16;
+  o.gemm1 = GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3};
+  o.gemm2 = GemmChoice{GemmKernel::kStream, 4, 1, 3, 8, 2};
+  const MoeLayer layer(w, o);
+  for (const std::int64_t T : {1, 5, 16}) {
+    ASSERT_NE(layer.plan_summary(T).find("(fused)"), std::string::npos) << layer.plan_summary(T);
+    expect_matches_reference(w, layer, T, 2400 + static_cast<std::uint64_t>(T));
+    expect_matches_reference(w, layer, T, 2500 + static_cast<std::uint64_t>(T), 3);
+  }
+}
+
 TEST(GpuMoeLayer, SharedExpertLargerThanRoutedIsCutIntoPieces) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);

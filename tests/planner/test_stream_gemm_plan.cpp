@@ -8,6 +8,7 @@
 
 #include "fp4moe/error.hpp"
 #include "fp4moe/planner.hpp"
+#include "kernels/launch.hpp"
 #include "kernels/stream_gemm_layout.hpp"
 #include "planner/stream_gemm_plan.hpp"
 #include "test_util/shared.hpp"
@@ -400,6 +401,51 @@ TEST(PlanPrinting, TextAndJsonCarryThePickAndTheRejected) {
   EXPECT_EQ(j.at("chosen"), p.best().label);
   EXPECT_EQ(j.at("candidates").size(), p.candidates.size());
   EXPECT_EQ(j.at("problem").at("n"), 4096);
+}
+
+// ---- the fused decode path's routing tables (kernels::launch_stream_gemm_routed) ---------------
+
+// Its tables are static shared memory beside the configuration's layout: with GLM-5's decode
+// configurations they fit the H200's 232,448 bytes per block; the dynamic part after them stays
+// 128-byte aligned.
+TEST(FusedRouting, TheTablesFitBesideTheDecodeConfigs) {
+  EXPECT_EQ(kernels::kFusedRouteTableBytes % 128, 0);
+  EXPECT_LT(kernels::kFusedRouteTableBytes, 20 * 1024);
+  for (const StreamGemmConfig c : {StreamGemmConfig{4, 1, 2, 15, 3}, StreamGemmConfig{4, 1, 3, 16, 1},
+                                   StreamGemmConfig{4, 1, 3, 16, 2}, StreamGemmConfig{4, 1, 4, 16, 1}}) {
+    EXPECT_LE(StreamGemmLayout::cta_bytes(c) + kernels::kFusedRouteTableBytes, 232448)
+        << StreamGemmLayout::cta_bytes(c);
+  }
+}
+
+// Which forwards the tables and the CTA hold: T <= 16, one scanning thread per expert and shared
+// piece, T * (k + P) slots, and no wgmma tail or small-expert lists.
+TEST(FusedRouting, FitsOnlyWhatItsTablesHold) {
+  kernels::RouteArgs r;
+  r.tokens = 16;
+  r.experts = 256;
+  r.top_k = 8;
+  kernels::GroupArgs g;
+  g.shared_pieces = 1;
+  const StreamGemmConfig w15{4, 1, 2, 15, 3}, w8{4, 1, 3, 8, 1};
+  EXPECT_TRUE(kernels::fused_route_fits(r, g, w15));
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w8));  // 257 experts and pieces, 256 threads
+  g.shared_pieces = 0;
+  EXPECT_TRUE(kernels::fused_route_fits(r, g, w8));
+  r.tokens = 17;
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w15));
+  r.tokens = 0;
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w15));
+  r.tokens = 16;
+  r.top_k = 32;
+  g.shared_pieces = 1;
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w15));  // 16 * 33 slots > 512
+  r.top_k = 8;
+  g.tb_tail[0] = 32;
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w15));
+  g.tb_tail[0] = 0;
+  g.tb_small[1] = 16;
+  EXPECT_FALSE(kernels::fused_route_fits(r, g, w15));
 }
 
 }  // namespace
