@@ -189,7 +189,8 @@ cudaError_t stream_gemm_setup(const StreamGemmConfig& config, StreamEpilogue epi
 cudaError_t launch_stream_gemm(const StreamGemmArgs& args, const StreamGemmConfig& config,
                                StreamEpilogue epilogue, int grid, bool pdl, cudaStream_t stream);
 
-// The fused decode path's first GEMM: each CTA routes `route.tokens` tokens and groups them
+// The fused decode path's first GEMM: each CTA routes `route.tokens` tokens (or, with route.logits
+// null, takes the caller's ids in group.topk_ids, dropping those outside [0, E)) and groups them
 // (`group`: tables and outputs as for launch_route_group_small, the token blocks of both GEMMs)
 // into its shared memory before running as launch_stream_gemm over them; CTA 0 writes routing's
 // outputs (ids, weights, offsets, active list, prefixes, slots) for the kernels after it. It is a
@@ -205,7 +206,7 @@ cudaError_t launch_stream_gemm_routed(const StreamGemmArgs& args, const StreamGe
                                       StreamEpilogue epilogue, int grid, const RouteArgs& route,
                                       const GroupArgs& group, cudaStream_t stream);
 // Whether a forward's routing fits the fused path's tables and CTA (FusedRouteTables' limits); the
-// launch needs route.logits too.
+// launch needs route.logits or group.topk_ids too.
 constexpr bool fused_route_fits(const RouteArgs& route, const GroupArgs& group,
                                 const StreamGemmConfig& config) {
   const int pieces = group.shared_pieces;

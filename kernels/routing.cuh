@@ -299,7 +299,8 @@ __device__ __forceinline__ void scan_experts(const int* counts, int n, const Gro
 
 // Routing and grouping of a forward's T <= kFusedRouteTokens tokens inside each CTA of the first
 // stream GEMM (the fused decode path, StreamGemmConfig launches of launch_stream_gemm_routed):
-// every CTA routes every token (warp t token t), counts, scans and scatters into its own shared
+// every CTA routes every token (warp t token t; or takes the caller's ids when ra.logits is null),
+// counts, scans and scatters into its own shared
 // tables `rt`, which its items are then looked up in; CTA 0 (`publish`) also writes everything
 // the later kernels and the caller read (ga's and ra's global outputs). So the slot order within
 // an expert must be the same in every CTA: the scatter here is deterministic (slots in (token,
@@ -321,15 +322,27 @@ __device__ __forceinline__ void route_group_cta(const RouteArgs& ra, const Group
   static_assert(kFusedRouteTokens <= 32, "a token's bit in a 32-bit mask");
   for (int e = tid; e < n; e += nthreads) rt.token_mask[e] = 0;
   __syncthreads();
-  for (int t = warp; t < ra.tokens; t += nthreads >> 5) {
-    const RoutePick pick = route_token<PER>(ra, t, lane);
-    if (lane < k) {
-      rt.ids[t * k + lane] = pick.id;
-      if (pick.id >= 0) atomicOr(&rt.token_mask[pick.id], 1u << t);
-      if (publish) {
-        ra.topk_ids[static_cast<std::int64_t>(t) * k + lane] = pick.id;
-        ra.topk_weights[static_cast<std::int64_t>(t) * k + lane] = pick.weight;
+  if (ra.logits != nullptr) {
+    for (int t = warp; t < ra.tokens; t += nthreads >> 5) {
+      const RoutePick pick = route_token<PER>(ra, t, lane);
+      if (lane < k) {
+        rt.ids[t * k + lane] = pick.id;
+        if (pick.id >= 0) atomicOr(&rt.token_mask[pick.id], 1u << t);
+        if (publish) {
+          ra.topk_ids[static_cast<std::int64_t>(t) * k + lane] = pick.id;
+          ra.topk_weights[static_cast<std::int64_t>(t) * k + lane] = pick.weight;
+        }
       }
+    }
+  } else {
+    // Routed by the caller (ga.topk_ids; finalize reads the caller's weights): an id outside
+    // [0, E) is dropped. A token that names an expert twice gets one slot, which both picks then
+    // read (the same sum as two slots of the same row).
+    for (int idx = tid; idx < pairs; idx += nthreads) {
+      int e = ga.topk_ids[idx];
+      if (e < 0 || e >= ga.experts) e = -1;
+      rt.ids[idx] = e;
+      if (e >= 0) atomicOr(&rt.token_mask[e], 1u << (idx / k));
     }
   }
   __syncthreads();

@@ -630,8 +630,8 @@ cudaError_t launch_stream_gemm_routed(const StreamGemmArgs& args, const StreamGe
                                       StreamEpilogue epilogue, int grid, const RouteArgs& route,
                                       const GroupArgs& group, cudaStream_t stream) {
   const RoutedKernelFn fn = routed_kernel_for(config, epilogue, route.experts);
-  if (fn == nullptr || !StreamGemmLayout::valid(config) || route.logits == nullptr ||
-      !fused_route_fits(route, group, config))
+  if (fn == nullptr || !StreamGemmLayout::valid(config) ||
+      (route.logits == nullptr && group.topk_ids == nullptr) || !fused_route_fits(route, group, config))
     return cudaErrorInvalidValue;
   return launch_kernel(fn, grid, StreamGemmLayout::threads(config),
                        static_cast<std::size_t>(StreamGemmLayout::cta_bytes(config)), false, stream, args,

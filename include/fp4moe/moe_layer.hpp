@@ -72,9 +72,8 @@ struct MoeLayerOptions {
   // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
   bool l2_prefetch = true;
   // At decode sizes (T <= 16 with the stream kernel for both GEMMs), the first GEMM's CTAs route and
-  // group the tokens themselves, each into its own shared memory, instead of a routing kernel
-  // before it: one launch and one handoff fewer (docs/KERNELS.md). forward() only; forward_routed()
-  // groups the caller's ids with the grouping kernel.
+  // group the tokens themselves (forward_routed: the caller's ids), each into its own shared memory,
+  // instead of a routing kernel before it: one launch and one handoff fewer (docs/KERNELS.md).
   bool fused_routing = true;
   // Where the first GEMM runs on the wgmma kernel (sm_90): the experts with few tokens (at most
   // small_expert_tokens) run whole on the weight-streaming kernel instead, one more launch per GEMM

@@ -111,6 +111,7 @@ std::string format_table(const BenchReport& r) {
     s += fmt::format(
         "ceilings measured in this run: copy {:.0f} GB/s (read + write), dense BF16 GEMM {:.0f} TFLOP/s\n",
         r.copy_gbps, r.bf16_tflops);
+    if (r.caller_routing) s += "fp4moe timed through forward_routed: ids and weights given, no routing\n";
     s += fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7} {:>11} {:>8}\n", "tokens",
                      "active", "time us", "min us", "max us", "GB/s", "TFLOP/s", "floor us", "%floor",
                      "bf16 us", "speedup");
@@ -172,6 +173,7 @@ nlohmann::json to_json(const BenchReport& r) {
   j["date"] = r.date;
   j["shape"] = r.shape_name;
   j["layer"] = r.desc.to_string();
+  j["caller_routing"] = r.caller_routing;
   j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
   j["baseline"] = r.baseline_name;
   auto stats_json = [](const TimeStats& s) {

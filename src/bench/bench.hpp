@@ -30,7 +30,10 @@ struct BenchOptions {
   bool l2_prefetch = true;          // MoeLayerOptions::l2_prefetch (off: for A/B runs)
   bool small_expert_launch = true;  // MoeLayerOptions::small_expert_launch (off: for A/B runs)
   bool fused_routing = true;        // MoeLayerOptions::fused_routing (off: for A/B runs)
-  int small_expert_tokens = -1;     // MoeLayerOptions::small_expert_tokens (-1: the layer's choice)
+  // Time forward_routed (the engine routes: each set's ids and weights computed once before, by
+  // fp4moe's router) instead of forward.
+  bool caller_routing = false;
+  int small_expert_tokens = -1;  // MoeLayerOptions::small_expert_tokens (-1: the layer's choice)
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };
@@ -74,6 +77,7 @@ struct BenchReport {
   LayerDesc desc;
   std::string shape_name;
   std::string date;
+  bool caller_routing = false;  // BenchOptions::caller_routing: forward_routed was timed
   std::vector<BenchRow> rows;
 };
 

@@ -363,6 +363,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   r.backend = "gpu";
   r.desc = d;
   r.shape_name = options.shape_name;
+  r.caller_routing = options.caller_routing;
   r.commit = build_commit();
   r.version = version();
   r.date = utc_date();
@@ -422,7 +423,8 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     progress(fmt::format("T={}", T));
     const int sets = std::max(1, options.input_sets);
     std::vector<Buf<std::uint16_t>> xs, outs;
-    std::vector<Buf<float>> logits;
+    std::vector<Buf<float>> logits, pick_weights;
+    std::vector<Buf<std::int32_t>> pick_ids;
     double active_sum = 0.0;
     for (int i = 0; i < sets; ++i) {
       xs.emplace_back(static_cast<std::size_t>(T * d.hidden));
@@ -439,11 +441,15 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       FP4MOE_CUDA_CHECK(
           cudaMemcpyAsync(logits.back().get(), hl.data(), hl.size() * 4, cudaMemcpyHostToDevice, s));
       // Active experts of this set, from the layer's own routing.
-      Buf<std::int32_t> ids(static_cast<std::size_t>(T * d.top_k));
+      // (Kept for BenchOptions::caller_routing: the picks the timed forward_routed is given.)
+      pick_ids.emplace_back(static_cast<std::size_t>(T * d.top_k));
+      pick_weights.emplace_back(static_cast<std::size_t>(T * d.top_k));
       layer.forward(s, reinterpret_cast<const Bf16*>(xs.back().get()), logits.back().get(),
-                    reinterpret_cast<Bf16*>(outs.back().get()), T, {ids.get(), nullptr});
-      std::vector<std::int32_t> hids(ids.size());
-      FP4MOE_CUDA_CHECK(cudaMemcpyAsync(hids.data(), ids.get(), hids.size() * 4, cudaMemcpyDeviceToHost, s));
+                    reinterpret_cast<Bf16*>(outs.back().get()), T,
+                    {pick_ids.back().get(), pick_weights.back().get()});
+      std::vector<std::int32_t> hids(static_cast<std::size_t>(T * d.top_k));
+      FP4MOE_CUDA_CHECK(
+          cudaMemcpyAsync(hids.data(), pick_ids.back().get(), hids.size() * 4, cudaMemcpyDeviceToHost, s));
       FP4MOE_CUDA_CHECK(cudaStreamSynchronize(s));
       active_sum += static_cast<double>(std::set<std::int32_t>(hids.begin(), hids.end()).size());
     }
@@ -466,8 +472,13 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
         const auto k = static_cast<std::size_t>(i);
         graphs.emplace_back();
         graphs.back().capture(s, [&] {
-          layer.forward_until(s, reinterpret_cast<const Bf16*>(xs[k].get()), logits[k].get(),
-                              reinterpret_cast<Bf16*>(outs[k].get()), T, last);
+          if (options.caller_routing) {  // (no stages: options checked)
+            layer.forward_routed(s, reinterpret_cast<const Bf16*>(xs[k].get()), pick_ids[k].get(),
+                                 pick_weights[k].get(), reinterpret_cast<Bf16*>(outs[k].get()), T);
+          } else {
+            layer.forward_until(s, reinterpret_cast<const Bf16*>(xs[k].get()), logits[k].get(),
+                                reinterpret_cast<Bf16*>(outs[k].get()), T, last);
+          }
         });
       }
       return time_graphs(graphs, s, options.warmup, options.iterations);

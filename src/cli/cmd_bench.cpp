@@ -43,7 +43,7 @@ void register_bench(CLI::App& app) {
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
-         no_fused_routing = false;
+         no_fused_routing = false, caller_routing = false;
     std::uint64_t seed = 1;
     std::string json;
   };
@@ -62,6 +62,10 @@ void register_bench(CLI::App& app) {
                 "differences of forwards stopped after each; GPU only)");
   cmd->add_flag("--no-l2-prefetch", o->no_l2_prefetch,
                 "Turn off the decode GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; for A/B runs)");
+  cmd->add_flag(
+      "--caller-routing", o->caller_routing,
+      "Time forward_routed, the path of engines that route themselves: each input set's top-k ids "
+      "and weights are computed once before, by fp4moe's router, and given (GPU only; no --stages)");
   cmd->add_flag("--no-fused-routing", o->no_fused_routing,
                 "Route with the routing kernel at decode sizes, not in the first GEMM's CTAs "
                 "(MoeLayerOptions::fused_routing; for A/B runs)");
@@ -104,6 +108,10 @@ void register_bench(CLI::App& app) {
     b.l2_prefetch = !o->no_l2_prefetch;
     b.small_expert_launch = !o->no_small_experts;
     b.fused_routing = !o->no_fused_routing;
+    require(!o->caller_routing || (gpu && !o->stages),
+            "--caller-routing times the GPU layer's forward_routed, without --stages ({})",
+            !gpu ? (o->cpu ? std::string("--cpu given") : why) : std::string("--stages given"));
+    b.caller_routing = o->caller_routing;
     b.small_expert_tokens = o->small_expert_tokens;
     b.seed = o->seed;
     b.cpu = o->cpu;

@@ -171,8 +171,8 @@ struct MoeLayer::Impl {
     GemmChoice choice[2];
     std::vector<gpu::TailLaunch> tails[2];  // the tail launches of each GEMM (wgmma only)
     int small_max = 0;                      // gpu::small_expert_max; 0: no small-expert launch
-    // The first GEMM routes and groups the tokens itself (launch_stream_gemm_routed) when the
-    // forward has logits: fused_routing(...).
+    // The first GEMM routes (or takes the caller's ids) and groups the tokens itself
+    // (launch_stream_gemm_routed): fused_routing(...).
     bool fused_routing = false;
   };
   mutable std::mutex decisions_mu;
@@ -829,14 +829,14 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   if (small1) grid(gpu::small_expert_choice(decision.small_max), e1);
   if (small2) grid(gpu::small_expert_choice(decision.small_max), e2);
 
-  // The fused decode path: the first GEMM routes and groups (no routing launch). forward_until's
-  // routing (and gather) stages run the routing kernel instead.
-  const bool fused = decision.fused_routing && logits != nullptr && last != ForwardStage::kRouting &&
-                     last != ForwardStage::kGather;
+  // The fused decode path: the first GEMM routes (or takes the caller's ids) and groups: no routing
+  // launch. forward_until's routing (and gather) stages run the routing kernel instead.
+  const bool fused = decision.fused_routing && (logits != nullptr || ids_in != nullptr) &&
+                     last != ForwardStage::kRouting && last != ForwardStage::kGather;
   if (fused) {
     FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm_routed(
         gemm_args(gpu::Gemm::kGateUp, c1, x, false), gpu::stream_config(c1), e1, routed_grid(c1, e1),
-        route_args(logits, T), group_args(nullptr, T, c1, c2, decision.small_max), stream));
+        route_args(logits, T), group_args(ids_in, T, c1, c2, decision.small_max), stream));
   } else {
     route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
     if (last == ForwardStage::kRouting) return;

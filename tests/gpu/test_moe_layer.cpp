@@ -180,7 +180,8 @@ TEST(GpuMoeLayer, DecodeRouterWithFewTokensMatchesReference) {
 // same routing and the same output bits; against the reference within the tolerance. Every router
 // kind, 16-256 experts (4 and 8 experts per router lane), 0-2 shared pieces, one expert taking
 // every token, T = 1-16, and the ring depths and K splits of the fused instances; T = 17 and
-// E + P above the CTA's threads fall back to the routing kernel (the plan says which ran).
+// E + P above the CTA's threads fall back to the routing kernel (the plan says which ran). And
+// forward_routed's fused grouping of the caller's ids, with a duplicate and an invalid id.
 TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
   FP4MOE_SKIP_WITHOUT_GPU();
   struct Case {
@@ -236,6 +237,21 @@ TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
             return u.bits == v.bits;
           })) << "output differs from the routing kernel's layer";
           if (hot < 0) expect_matches_reference(w, fused, T, seed);
+          // The caller's routing (forward_routed): these picks, with token 0 naming one expert twice
+          // and the last pick an id outside [0, E) (dropped).
+          Routing r{T, d.top_k, a.ids, a.weights};
+          if (d.top_k > 1) r.ids[1] = r.ids[0];
+          Routing dropped = r;  // the reference takes only valid ids: weight 0 drops the pick
+          dropped.weights.back() = 0.0f;
+          r.ids.back() = static_cast<std::int32_t>(d.experts + 5);
+          const auto ra = run_gpu_routed(fused, x, r);
+          const auto rb = run_gpu_routed(plain, x, r);
+          EXPECT_TRUE(std::equal(ra.begin(), ra.end(), rb.begin(), [](Bf16 u, Bf16 v) {
+            return u.bits == v.bits;
+          })) << "forward_routed differs from the grouping kernel's layer";
+          if (hot < 0) {
+            EXPECT_LE(test::relative_l2(ra, reference_forward_routed(w, x, dropped).out), kTolerance);
+          }
         }
       }
     }
