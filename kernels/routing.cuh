@@ -57,18 +57,30 @@ __device__ __forceinline__ RoutePick route_token(const RouteArgs& a, int t, int 
   const int E = a.experts;
   const float* logits = a.logits + static_cast<std::int64_t>(t) * E;
   const bool sigmoid = a.router == RouterId::kSigmoidGroupTopK;
-  // Only the keys stay in registers; a pick's value (sigmoid or logit) is recomputed from its
-  // logit afterwards, which keeps PER = 16 (E <= 512) within the 1024-thread CTA's registers.
+  // The lane's logits and biases first, all loads in flight at once: the sigmoid's division has a
+  // call (its slow path), past which the compiler keeps every later load, and with loads inside
+  // the loop the 8 bias loads of a lane went out one after another, each a trip to memory (~5 us
+  // of the one-token forward on the H200).
+  float lg[PER], bias[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + 32 * i;
+    lg[i] = e < E ? logits[e] : 0.0f;
+    bias[i] = sigmoid && a.correction_bias != nullptr && e < E ? a.correction_bias[e] : 0.0f;
+  }
+  // Only the keys stay in registers past this loop; a pick's value (sigmoid or logit) is
+  // recomputed from its logit afterwards, which keeps PER = 16 (E <= 512) within the 1024-thread
+  // CTA's registers.
   unsigned long long key[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
     key[i] = 0;
     if (e < E) {
-      const float l = logits[e];
+      const float l = lg[i];
       if (sigmoid) {
         const float s = portable_sigmoid(l);
-        key[i] = rank_key(pm_add(s, a.correction_bias != nullptr ? a.correction_bias[e] : 0.0f), e);
+        key[i] = rank_key(pm_add(s, bias[i]), e);
       } else {
         key[i] = rank_key(l, e);  // softmax is monotonic: rank by logits (no ties made by rounding)
       }
@@ -148,10 +160,13 @@ __device__ __forceinline__ RoutePick route_token(const RouteArgs& a, int t, int 
     // Softmax over all E (the max is pick 0's logit); the sum is a tree over the warp, so the
     // weights agree with the reference's index-order sum to rounding (ids are exact).
     const float m = __shfl_sync(0xffffffffu, my_val, 0);
+    float v[PER];  // (loaded before the first exp's call, as above)
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] = lane + 32 * i < E ? logits[lane + 32 * i] : 0.0f;
     float part = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-      if (lane + 32 * i < E) part = pm_add(part, portable_exp(pm_add(logits[lane + 32 * i], -m)));
+      if (lane + 32 * i < E) part = pm_add(part, portable_exp(pm_add(v[i], -m)));
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part = pm_add(part, __shfl_xor_sync(0xffffffffu, part, off));
