@@ -138,7 +138,9 @@ class MoeLayer {
 
   // For profiling (`fp4moe bench --stages`): forward() that stops after stage `last`; what later
   // stages write (out included) is left as it was. Timing the prefixes in place, with the launch
-  // overlap of a whole forward, gives each stage's share as the difference of two of them.
+  // overlap of a whole forward, gives each stage's share as the difference of two of them. Where
+  // the first GEMM routes (MoeLayerOptions::fused_routing), stopping after routing (or the gather)
+  // runs the routing kernel instead, and later stops the fused first GEMM.
   void forward_until(Stream stream, const Bf16* x, const float* router_logits, Bf16* out, std::int64_t tokens,
                      ForwardStage last) const;
 
