@@ -1,5 +1,5 @@
-// `fp4moe bench`'s report: the stage table and JSON made from prefix timings, and the CLI's
-// refusal of --stages without a GPU.
+// `fp4moe bench`'s report: the stage table and JSON made from prefix timings, the caller-routing
+// mode, and the CLI's refusals of --stages and --caller-routing without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -67,6 +67,24 @@ TEST(BenchCli, StagesNeedAGpu) {
   const auto r = test_util::run_cli("bench --cpu --stages --tokens 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--stages times the GPU kernels; this run has no GPU (--cpu given)"));
+}
+
+// --caller-routing times forward_routed: said above the table and in the JSON; refused without a
+// GPU and with --stages (forward_until has no form that takes ids).
+TEST(BenchReport, CallerRoutingIsSaid) {
+  bench::BenchReport r = gpu_report();
+  EXPECT_THAT(bench::format_table(r), Not(HasSubstr("forward_routed")));
+  EXPECT_FALSE(bench::to_json(r).at("caller_routing").get<bool>());
+  r.caller_routing = true;
+  EXPECT_THAT(bench::format_table(r), HasSubstr("fp4moe timed through forward_routed"));
+  EXPECT_TRUE(bench::to_json(r).at("caller_routing").get<bool>());
+}
+
+TEST(BenchCli, CallerRoutingNeedsAGpuAndNoStages) {
+  const auto r = test_util::run_cli("bench --cpu --caller-routing --tokens 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--caller-routing times the GPU layer's forward_routed, without --stages "
+                                  "(--cpu given)"));
 }
 
 }  // namespace
