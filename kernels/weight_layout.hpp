@@ -28,11 +28,12 @@
 // Each code's four bits (sign, e1, e0, m) are stored where one shift brings them to their place
 // in the register (bf16 bits 15 | 8 7 | 6, and 31 | 24 23 | 22 for the high half): a0 needs one
 // AND, a1 a left shift and an AND, a2 and a3 two shifts each (sign and magnitude bits come from
-// different ones) and two LOP3s: 11 integer instructions per 8 values, as few as any placement
-// allows (a search over all placements, with shifts and rotations), and 4 of them are left
-// shifts, which the compiler can issue as IMAD.SHL on the FMA pipe: 7 on the integer ALU pipe
-// instead of the 11 (rotations) of fp4moe 0.2.0. Both pipes take a warp instruction every second
-// cycle, and the decode kept the ALU pipe busiest (kSignShift / kMagShift). The scale pair of
+// different ones) and two LOP3s: 11 integer instructions per 8 values with shifts and masks, as few
+// as any placement allows (a search over all placements, with shifts and rotations), and 4 of
+// them are left shifts, which the compiler can issue as IMAD.SHL on the FMA pipe: 7 on the
+// integer ALU pipe instead of the 11 (rotations) of fp4moe 0.2.0. Both pipes take a warp
+// instruction every second cycle, and the decode kept the ALU pipe busiest (kSignShift /
+// kMagShift). a2's two left shifts are one multiply (kA2Multiplier, below): 10 in all. The scale pair of
 // lane (g, t) is the byte of row g then the byte of row g+8, for NVFP4 block 4*chunk + t (MXFP4:
 // the 32-block holding it).
 //
@@ -109,11 +110,25 @@ FP4MOE_HD constexpr int code_bit_position(int h, int o, int b) {
   return base + target - shift;
 }
 
+// a2's sign and magnitude bits come by different left shifts (1 and 6). Masking both sets of source
+// bits first and multiplying by 2^1 + 2^6 shifts them at once: the two shifted copies share no
+// bit, so the product is their OR (no carries), and one AND drops each copy's bits that are not
+// its own. 3 instructions (LOP3, IMAD, LOP3) where the two shifts, an AND and a LOP3 were 4. (a3's
+// magnitude goes right, which no multiply does: it keeps its 4.)
+inline constexpr std::uint32_t kA2Sources = (kSignBits >> kSignShift[2]) | (kMagBits >> kMagShift[2]);
+inline constexpr std::uint32_t kA2Multiplier = (1u << kSignShift[2]) + (1u << kMagShift[2]);
+static_assert(kSignShift[2] > 0 && kMagShift[2] > 0 && kSignShift[2] != kMagShift[2], "two left shifts");
+static_assert(((kA2Sources << kSignShift[2]) & (kA2Sources << kMagShift[2])) == 0,
+              "the shifted copies share no bit: the multiply carries nothing");
+static_assert(((kA2Sources << kSignShift[2]) & (kSignBits | kMagBits)) == kSignBits &&
+                  ((kA2Sources << kMagShift[2]) & (kSignBits | kMagBits)) == kMagBits,
+              "each copy lands only its own bits in the register's sign and magnitude places");
+
 // Word s (8 codes) -> the four bf16x2 A registers of k-step s, each element e2m1 * 2^-126.
 FP4MOE_HD void decode_e2m1x8(std::uint32_t w, std::uint32_t (&a)[4]) {
   a[0] = w & (kSignBits | kMagBits);
   a[1] = (w << 3) & (kSignBits | kMagBits);
-  a[2] = ((w << 1) & kSignBits) | ((w << 6) & kMagBits);
+  a[2] = ((w & kA2Sources) * kA2Multiplier) & (kSignBits | kMagBits);
   a[3] = ((w << 2) & kSignBits) | ((w >> 3) & kMagBits);
 }
 

@@ -76,6 +76,25 @@ void expect_close(const std::vector<double>& want, const std::vector<float>& got
   }
 }
 
+// The decode's a2 (one multiply in place of two shifts) against the shifts it replaces, on words
+// with every bit pattern in turn and random ones: equal bit for bit.
+TEST(Repack, DecodeMultiplyEqualsTheShifts) {
+  auto by_shifts = [](std::uint32_t w) {
+    return ((w << kernels::kSignShift[2]) & kernels::kSignBits) |
+           ((w << kernels::kMagShift[2]) & kernels::kMagBits);
+  };
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 1 << 20; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const std::uint32_t w = i < 32 ? 1u << i : (i < 64 ? ~(1u << (i - 32)) : static_cast<std::uint32_t>(x));
+    std::uint32_t a[4];
+    kernels::decode_e2m1x8(w, a);
+    ASSERT_EQ(a[2], by_shifts(w)) << "word " << w;
+  }
+}
+
 TEST(Repack, DecodeGivesEveryE2M1CodeTimes2PowMinus126) {
   for (std::uint32_t code = 0; code < 16; ++code) {
     for (int h = 0; h < 2; ++h) {
