@@ -77,7 +77,7 @@ void expect_close(const std::vector<double>& want, const std::vector<float>& got
 }
 
 // The decode's a2 (one multiply in place of two shifts) against the shifts it replaces, on words
-// with every bit pattern in turn and random ones: equal bit for bit.
+// with one bit set, with one bit clear, and random ones: equal bit for bit.
 TEST(Repack, DecodeMultiplyEqualsTheShifts) {
   auto by_shifts = [](std::uint32_t w) {
     return ((w << kernels::kSignShift[2]) & kernels::kSignBits) |
