@@ -113,7 +113,7 @@ FP4MOE_HD constexpr int code_bit_position(int h, int o, int b) {
 // a2's sign and magnitude bits come by different left shifts (1 and 6). Masking both sets of source
 // bits first and multiplying by 2^1 + 2^6 shifts them at once: the two shifted copies share no
 // bit, so the product is their OR (no carries), and one AND drops each copy's bits that are not
-// its own. 3 instructions (LOP3, IMAD, LOP3) where the two shifts, an AND and a LOP3 were 4. (a3's
+// its own. 3 operations (AND, multiply, AND) where the two shifts, an AND and a LOP3 were 4. (a3's
 // magnitude goes right, which no multiply does: it keeps its 4.)
 inline constexpr std::uint32_t kA2Sources = (kSignBits >> kSignShift[2]) | (kMagBits >> kMagShift[2]);
 inline constexpr std::uint32_t kA2Multiplier = (1u << kSignShift[2]) + (1u << kMagShift[2]);
