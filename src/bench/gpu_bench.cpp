@@ -19,6 +19,7 @@
 #include "fp4moe/version.hpp"
 #include "gpu/cuda_check.hpp"
 #include "gpu/repack.hpp"
+#include "gpu/routing_choice.hpp"
 #include "kernels/bench_launch.hpp"
 #include "kernels/launch.hpp"
 #endif
@@ -335,7 +336,7 @@ class Bf16Layer {
   }
 
   void route(const kernels::RouteArgs& ra, const kernels::GroupArgs& ga, int T, cudaStream_t s) {
-    if (T <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
+    if (gpu::one_cta_routing(T, ra.experts)) {
       FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, s));
     } else {
       FP4MOE_CUDA_CHECK(cudaMemsetAsync(ga.counts, 0, static_cast<std::size_t>(ne_) * 4, s));

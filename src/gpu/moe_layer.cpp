@@ -27,6 +27,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/dispatch.hpp"
 #include "gpu/repack.hpp"
+#include "gpu/routing_choice.hpp"
 #include "kernels/bench_launch.hpp"
 #include "kernels/launch.hpp"
 #include "kernels/weight_layout.hpp"
@@ -724,7 +725,7 @@ void MoeLayer::Impl::route_and_group(Stream stream, const float* logits, const s
                                      int small_max) const {
   const kernels::RouteArgs ra = route_args(logits, tokens);
   const kernels::GroupArgs ga = group_args(ids_in, tokens, c1, c2, small_max);
-  if (tokens <= kernels::kSmallRouteTokens && ra.experts <= kernels::kSmallRouteExperts) {
+  if (gpu::one_cta_routing(tokens, ra.experts)) {
     FP4MOE_CUDA_CHECK(kernels::launch_route_group_small(ra, ga, stream));
   } else {
     FP4MOE_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(experts_total) * 4, stream));
@@ -907,7 +908,7 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
   const Impl& m = *impl_;
   const LayerGemmPick p1 = m.pick(tokens, gpu::Gemm::kGateUp);
   const LayerGemmPick p2 = m.pick(tokens, gpu::Gemm::kDown);
-  const bool small = tokens <= kernels::kSmallRouteTokens && m.desc.experts <= kernels::kSmallRouteExperts;
+  const bool small = gpu::one_cta_routing(tokens, m.desc.experts);
   const bool fused = tokens >= 1 && m.decide(tokens).fused_routing;  // (with router logits)
   const auto tails = [&](gpu::Gemm which, const GemmChoice& c) {
     std::string s;
