@@ -151,7 +151,15 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     // blocks: 0.90-0.94x at T=96-256, 0.969x at T=320 (10 per expert), 0.976x at T=384 (12), 1.045x
     // at T=448 (14), 1.095x at T=512 (16); 64-token blocks were within 1-2% of 128-token ones at
     // T=384-512. The tuner, which runs the launches one after another, has n16 and n8 at par.
-    c.n_tiles = per_expert >= 13.0 ? 16 : 4;
+    // From 10 per expert to 13, 64-token blocks (their 32-token tail launch takes each expert's
+    // short last block): a shared expert's T tokens cost T/64 decodes of its weights instead of
+    // T/32, and an expert of 33-64 tokens one block instead of two. On the H200 (2026-12-01), n8
+    // against n4 in the layer, each alternated twice: GLM-5 T=384 (12 per expert) 1.046x and
+    // 1.079x (two runs), T=320 (10) 1.030x and 0.996x, T=256 (8) 1.018x and 1.012x, T=192 (6)
+    // 1.012x, T=128 0.979x; DeepSeek-V3 T=384 1.039x, T=320 1.014x, T=256 0.980x; Qwen3-235B
+    // (no shared expert) T=128 (8) 0.988x, T=160-192 (10-12) 1.002x. Against n16: GLM-5 T=512
+    // (16) 0.957x, T=640 0.990x.
+    c.n_tiles = per_expert >= 13.0 ? 16 : per_expert >= 10.0 ? 8 : 4;
     c.warps = 8;  // consumer warps
     c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;

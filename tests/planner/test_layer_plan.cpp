@@ -71,11 +71,14 @@ TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
   }
   EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8, 1}).rows_per_item(), 256);
   EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}).rows_per_item(), 64);
-  // At T=256 on sm_90 the dispatcher now takes the 32-token wgmma kernel.
-  const GemmChoice c = pick_layer_gemm(glm5(), 256, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
-  EXPECT_EQ(c.kernel, GemmKernel::kWgmma);
-  EXPECT_EQ(c.n_tiles, 4);
-  EXPECT_EQ(c.warps, 8);
+  // On sm_90 the dispatcher takes the wgmma kernel from a few tokens per expert: 32-token blocks
+  // at T=256 (8 per expert), 64-token ones at T=320-384 (10-12), 128-token ones from T=416 (13).
+  for (const auto& [t, n_tiles] : {std::pair{256, 4}, {320, 8}, {384, 8}, {416, 16}, {4096, 16}}) {
+    const GemmChoice c = pick_layer_gemm(glm5(), t, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
+    EXPECT_EQ(c.kernel, GemmKernel::kWgmma) << t;
+    EXPECT_EQ(c.n_tiles, n_tiles) << t;
+    EXPECT_EQ(c.warps, 8) << t;
+  }
 }
 
 TEST(LayerPlan, AWgmmaGemmsLastShortBlocksGoToNarrowerTailLaunches) {
