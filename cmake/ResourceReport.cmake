@@ -22,6 +22,12 @@ if(FP4MOE_HAVE_CUDA)
       message(WARNING "fp4moe: resource report skips CUDA architecture '${arch}' (not a number)")
     endif()
   endforeach()
+  # A kernel whose wgmmas ptxas serialized fails the build (resource_report.py); this option turns
+  # that into a warning, e.g. for a toolkit whose ptxas judges the pipeline differently.
+  option(FP4MOE_ALLOW_SERIALIZED_WGMMA "Build even when ptxas serializes a kernel's wgmmas" OFF)
+  if(FP4MOE_ALLOW_SERIALIZED_WGMMA)
+    list(APPEND _fp4moe_report_args --allow-serialized-wgmma)
+  endif()
   find_program(FP4MOE_DEMANGLER NAMES cu++filt c++filt HINTS ${CUDAToolkit_BIN_DIR})
   if(FP4MOE_DEMANGLER)
     list(APPEND _fp4moe_report_args --demangler ${FP4MOE_DEMANGLER})

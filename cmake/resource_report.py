@@ -9,7 +9,13 @@ is there to ask (cudaFuncGetAttributes).
   resource_report.py --out FILE --parse-log LOG [--demangler c++filt]   (a saved ptxas log)
 
 Output: {"generator": ..., "kernels": [{"name", "mangled", "arch", "registers", "static_smem_bytes",
-"spill_store_bytes", "spill_load_bytes", "stack_bytes", "source"}]}.
+"spill_store_bytes", "spill_load_bytes", "stack_bytes", "source", "ptxas_advisories"}]}.
+
+ptxas's performance advisories ("Potential Performance Loss", e.g. C7513) are recorded per kernel.
+One that says a kernel's wgmma.mma_async instructions are serialized fails the run (exit 2, after
+the report is written) unless --allow-serialized-wgmma: ptxas then waits for every wgmma before
+the next instruction, so the weight decode never overlaps the tensor cores, and nothing else in
+the build says so (docs/KERNELS.md).
 """
 
 import argparse
@@ -27,6 +33,8 @@ PROPERTIES = re.compile(r"Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers")
 SMEM = re.compile(r"(\d+) bytes smem")
+ADVISORY = re.compile(r"\((C\d+)\) Potential Performance Loss: (.*) in the function '([^']+)'")
+SERIALIZED_WGMMA = "wgmma.mma_async instructions are serialized"
 
 
 def parse_log(text, source):
@@ -35,7 +43,12 @@ def parse_log(text, source):
     entry = None  # the kernel whose "Used ..." line comes next
     frames = {}  # function name -> (stack, spill stores, spill loads)
     pending = None  # the function whose "Function properties" header was last seen
+    advisories = {}  # function name -> ["C7513: ...", ...] (ptxas prints them before the entries)
     for line in text.splitlines():
+        m = ADVISORY.search(line)
+        if m:
+            advisories.setdefault(m.group(3), []).append(f"{m.group(1)}: {m.group(2)}")
+            continue
         m = ENTRY.search(line)
         if m:
             entry = {"mangled": m.group(1), "arch": m.group(2), "registers": 0, "static_smem_bytes": 0,
@@ -60,6 +73,7 @@ def parse_log(text, source):
     for k in kernels:
         stack, stores, loads = frames.get((k["mangled"], k["arch"]), (0, 0, 0))
         k["stack_bytes"], k["spill_store_bytes"], k["spill_load_bytes"] = stack, stores, loads
+        k["ptxas_advisories"] = advisories.get(k["mangled"], [])
     return kernels
 
 
@@ -111,6 +125,8 @@ def main():
     p.add_argument("--root", help="sources are recorded relative to this directory")
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="nvcc processes at once")
     p.add_argument("--parse-log", help="parse this saved ptxas log instead of compiling")
+    p.add_argument("--allow-serialized-wgmma", action="store_true",
+                   help="report kernels whose wgmmas ptxas serialized as a warning, not an error")
     p.add_argument("sources", nargs="*")
     args = p.parse_args()
     if args.parse_log:
@@ -127,6 +143,18 @@ def main():
         json.dump(report, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, args.out)
+    serialized = [(k, a) for k in kernels for a in k["ptxas_advisories"] if SERIALIZED_WGMMA in a]
+    if serialized:
+        what = "warning" if args.allow_serialized_wgmma else "error"
+        for k, a in serialized:
+            sys.stderr.write(f"resource_report.py: {what}: {k.get('name', k['mangled'])} ({k['arch']}, "
+                             f"{k['source']}): ptxas {a}\n")
+        sys.stderr.write(f"resource_report.py: {what}: ptxas serialized the wgmmas of {len(serialized)} "
+                         "kernel(s) (above): each wgmma is waited for before the next instruction, so the "
+                         "decode cannot overlap the tensor cores (docs/KERNELS.md, \"ptxas and the wgmma "
+                         "pipeline\"; -DFP4MOE_ALLOW_SERIALIZED_WGMMA=ON builds anyway).\n")
+        if not args.allow_serialized_wgmma:
+            sys.exit(2)
 
 
 if __name__ == "__main__":

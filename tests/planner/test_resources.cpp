@@ -101,6 +101,32 @@ TEST(ResourceReport, ScriptParsesAPtxasLogAndTheLibraryReadsIt) {
   EXPECT_EQ(b.spill_bytes, 16 + 12);
 }
 
+// ptxas's "Potential Performance Loss" advisories are kept per kernel; one that says the wgmmas
+// are serialized fails the report (so the build) unless allowed, naming the kernel.
+TEST(ResourceReport, SerializedWgmmaFailsTheReportUnlessAllowed) {
+  const auto out = (fs::path(::testing::TempDir()) / "fp4moe_test_resources_serialized.json").string();
+  const auto script = (kSourceRoot / "cmake" / "resource_report.py").string();
+  const auto log = (kSourceRoot / "tests" / "planner" / "data" / "ptxas_sm90a_serialized.log").string();
+  const std::string cmd = "python3 " + script + " --demangler '' --parse-log " + log + " --out " + out;
+  const auto failed = test_util::run_command(cmd);
+  EXPECT_EQ(failed.exit_code, 2) << failed.output;
+  EXPECT_THAT(failed.output, HasSubstr("error: _ZN6fp4moe7kernels17fp4moe_wgmma_gemmILi8ELi8E"));
+  EXPECT_THAT(failed.output, HasSubstr("C7513: wgmma.mma_async instructions are serialized"));
+  EXPECT_THAT(failed.output, HasSubstr("FP4MOE_ALLOW_SERIALIZED_WGMMA"));
+  const auto allowed = test_util::run_command(cmd + " --allow-serialized-wgmma");
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  EXPECT_THAT(allowed.output, HasSubstr("warning: _ZN6fp4moe7kernels17fp4moe_wgmma_gemmILi8ELi8E"));
+  const auto report = load_resource_report(out);
+  ASSERT_EQ(report.kernels.size(), 2u);
+  EXPECT_EQ(report.kernels[0].sm, 90);
+  EXPECT_EQ(report.kernels[1].registers, 168);
+  // The clean log of the other test has no advisory and passes.
+  const auto clean = test_util::run_command(
+      "python3 " + script + " --demangler '' --parse-log " +
+      (kSourceRoot / "tests" / "planner" / "data" / "ptxas_sm120a.log").string() + " --out " + out);
+  EXPECT_EQ(clean.exit_code, 0) << clean.output;
+}
+
 TEST(ResourceReport, DemangledNamesMatchTheFamily) {
   const auto r = test_util::run_command("command -v c++filt");
   if (r.exit_code != 0) GTEST_SKIP() << "no c++filt on this machine";
