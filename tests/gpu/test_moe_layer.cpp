@@ -540,6 +540,34 @@ TEST(GpuMoeLayer, EveryWgmmaConfigIsCorrect) {
   }
 }
 
+// The wgmma consumers run two chunks per loop trip, one A register set each, and leave the loop on
+// either: K of 1 to 7 chunks (both parities, a single chunk, several trips), in both GEMMs, at
+// every token-block width.
+TEST(GpuMoeLayer, WgmmaEveryChunkCountIsCorrect) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  // (hidden, intermediate): K chunks of 64 for gate/up and down.
+  const int shapes[][2] = {{64, 128}, {128, 192}, {192, 64}, {256, 320}, {320, 384}, {448, 256}};
+  for (const auto& sh : shapes) {
+    LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
+    d.hidden = sh[0];
+    d.intermediate = sh[1];
+    d.experts = 4;
+    d.top_k = 2;
+    const LayerWeights w = random_layer_weights(d, 19);
+    for (const int nt : {16, 8, 4}) {
+      MoeLayerOptions o;
+      o.max_tokens = 256;
+      o.gemm1 = o.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, nt, 4, 8, 1};
+      SCOPED_TRACE(std::to_string(sh[0]) + " x " + std::to_string(sh[1]) + ", " + o.gemm1->to_string());
+      on_forced_layer(w, o, [&](const MoeLayer& layer) {
+        for (std::int64_t t : {1, 150})
+          expect_matches_reference(w, layer, t, 1900 + static_cast<std::uint64_t>(t));
+      });
+      if (IsSkipped()) return;
+    }
+  }
+}
+
 // The wgmma epilogue with biases and gpt-oss's clamped SwiGLU (MXFP4), on items whose rows all
 // lie in the matrix (its fast path) and on the partial last row block (416 and 2 x 224 rows).
 TEST(GpuMoeLayer, WgmmaEpilogueWithBiasesAndClampedSwiglu) {
