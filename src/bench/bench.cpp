@@ -125,6 +125,28 @@ std::string format_table(const BenchReport& r) {
           row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
     }
     if (!r.baseline_name.empty()) s += fmt::format("baseline: {}\n", r.baseline_name);
+    const bool sustained = std::any_of(r.rows.begin(), r.rows.end(),
+                                       [](const BenchRow& row) { return row.sustained.has_value(); });
+    if (sustained) {
+      s += fmt::format(
+          "sustained: each forward replayed back to back for {:g} s (an engine's steady load; the GPU may "
+          "run "
+          "at its power cap):\n",
+          r.sustain_s);
+      s += fmt::format("{:>6} {:>10} {:>9} {:>7} {:>8} {:>8} {:>10}\n", "tokens", "time us", "forwards",
+                       "%floor", "vs burst", "watts", "mJ/forward");
+      for (const auto& row : r.rows) {
+        if (!row.sustained) continue;
+        const BenchRow::Sustained& u = *row.sustained;
+        const double t = u.us_per_forward();
+        s += fmt::format(
+            "{:>6} {:>10.1f} {:>9} {:>6.0f}% {:>7.2f}x {:>8} {:>10}\n", row.tokens, t, u.forwards,
+            100.0 * row.floor_us / t, row.fp4moe.median_us / t,
+            u.joules >= 0.0 ? fmt::format("{:.0f}", u.watts()) : "-",
+            u.joules >= 0.0 ? fmt::format("{:.2f}", 1e3 * u.joules / static_cast<double>(u.forwards)) : "-");
+      }
+      if (!r.energy_note.empty()) s += fmt::format("energy not measured: {}\n", r.energy_note);
+    }
     const bool stages = std::any_of(r.rows.begin(), r.rows.end(), [](const BenchRow& row) {
       return row.prefix_us.size() == std::size(kForwardStages);
     });
@@ -174,6 +196,8 @@ nlohmann::json to_json(const BenchReport& r) {
   j["shape"] = r.shape_name;
   j["layer"] = r.desc.to_string();
   j["caller_routing"] = r.caller_routing;
+  j["sustain_s"] = r.sustain_s;
+  if (r.sustain_s > 0.0) j["energy_note"] = r.energy_note;
   j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
   j["baseline"] = r.baseline_name;
   auto stats_json = [](const TimeStats& s) {
@@ -197,6 +221,17 @@ nlohmann::json to_json(const BenchReport& r) {
         x["stages_us"][forward_stage_name(kForwardStages[i])] = row.prefix_us[i] - prev;
         prev = row.prefix_us[i];
       }
+    }
+    if (row.sustained) {
+      const BenchRow::Sustained& u = *row.sustained;
+      x["sustained"] = {{"seconds", u.seconds},
+                        {"forwards", u.forwards},
+                        {"us_per_forward", u.us_per_forward()},
+                        {"joules", u.joules >= 0.0 ? nlohmann::json(u.joules) : nlohmann::json(nullptr)},
+                        {"watts", u.joules >= 0.0 ? nlohmann::json(u.watts()) : nlohmann::json(nullptr)},
+                        {"mj_per_forward",
+                         u.joules >= 0.0 ? nlohmann::json(1e3 * u.joules / static_cast<double>(u.forwards))
+                                         : nlohmann::json(nullptr)}};
     }
     if (row.baseline.measured()) {
       x["baseline"] = stats_json(row.baseline);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct BenchOptions {
   // fp4moe's router) instead of forward.
   bool caller_routing = false;
   int small_expert_tokens = -1;  // MoeLayerOptions::small_expert_tokens (-1: the layer's choice)
+  // > 0: after timing each token count, replay its forward back to back for this many seconds
+  // (an engine's steady load, where the GPU may run at its power cap): the time per forward, and
+  // the energy per forward where the GPU's energy counter can be read (GPU only).
+  double sustain_s = 0.0;
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };
@@ -60,6 +65,17 @@ struct BenchRow {
   double launch_us = 0.0;
   std::vector<double> prefix_us;
   std::string plan;  // what fp4moe ran
+  // With BenchOptions::sustain_s: the forward replayed back to back, the input sets in turn.
+  struct Sustained {
+    double seconds = 0.0;  // GPU time of the whole run (one event pair around it)
+    std::int64_t forwards = 0;
+    double joules = -1.0;  // energy the GPU drew over the run; < 0: not measured
+    double us_per_forward() const {
+      return forwards > 0 ? seconds * 1e6 / static_cast<double>(forwards) : 0.0;
+    }
+    double watts() const { return joules >= 0.0 && seconds > 0.0 ? joules / seconds : -1.0; }
+  };
+  std::optional<Sustained> sustained;
 };
 
 struct BenchReport {
@@ -78,6 +94,8 @@ struct BenchReport {
   std::string shape_name;
   std::string date;
   bool caller_routing = false;  // BenchOptions::caller_routing: forward_routed was timed
+  double sustain_s = 0.0;       // BenchOptions::sustain_s
+  std::string energy_note;      // with sustain_s: why the energy was not measured ("" when it was)
   std::vector<BenchRow> rows;
 };
 

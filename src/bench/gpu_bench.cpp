@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "bench/bench.hpp"
+#include "bench/energy.hpp"
 #include "common/fail.hpp"
 
 #if FP4MOE_WITH_CUDA
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <random>
 #include <set>
@@ -124,6 +126,31 @@ TimeStats time_graphs(const std::vector<Graph>& graphs, cudaStream_t s, int warm
   std::vector<double> us;
   for (int i = 0; i < iterations; ++i) us.push_back(ev.time(s, [&] { graphs[i % graphs.size()].launch(s); }));
   return summarize(us);
+}
+
+// Replays graphs[i % n] back to back for about `seconds` (the count from the burst median
+// `median_us`), one event pair around the whole run, the energy counter read before and after.
+BenchRow::Sustained sustain(const std::vector<Graph>& graphs, cudaStream_t s, double seconds,
+                            double median_us, const EnergyCounter* energy) {
+  BenchRow::Sustained r;
+  r.forwards = std::max<std::int64_t>(static_cast<std::int64_t>(graphs.size()),
+                                      static_cast<std::int64_t>(std::ceil(seconds * 1e6 / median_us)));
+  Events ev;
+  FP4MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Millijoules from the counter, or -1.
+  const auto read_mj = [energy]() -> std::int64_t {
+    if (energy == nullptr) return -1;
+    const std::optional<std::uint64_t> mj = energy->millijoules();
+    return mj ? static_cast<std::int64_t>(*mj) : -1;
+  };
+  const std::int64_t mj0 = read_mj();
+  r.seconds = ev.time(s, [&] {
+    for (std::int64_t i = 0; i < r.forwards; ++i)
+      graphs[static_cast<std::size_t>(i) % graphs.size()].launch(s);
+  }) * 1e-6;
+  const std::int64_t mj1 = read_mj();
+  if (mj0 >= 0 && mj1 >= mj0) r.joules = static_cast<double>(mj1 - mj0) * 1e-3;
+  return r;
 }
 
 double measure_copy_gbps(cudaStream_t s) {
@@ -386,6 +413,13 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   r.copy_gbps = measure_copy_gbps(s);
   r.bf16_tflops = measure_bf16_tflops(handle, s);
   cublasDestroy(handle);
+  r.sustain_s = options.sustain_s;
+  std::unique_ptr<EnergyCounter> energy;
+  if (options.sustain_s > 0.0) {
+    char bus[64] = {};
+    FP4MOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+    energy = EnergyCounter::open(bus, &r.energy_note);
+  }
 
   progress("generating random weights");
   const LayerWeights w = random_layer_weights(d, options.seed);
@@ -466,8 +500,8 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
     row.floor_us = std::max(row.bytes / (r.copy_gbps * 1e3), row.flops / (r.bf16_tflops * 1e6));
     row.plan = layer.plan_summary(T);
 
-    // Median of the forward (through stage `last`) replayed over the input sets.
-    const auto time_forward = [&](ForwardStage last) {
+    // The forward (through stage `last`), one graph per input set.
+    const auto forward_graphs = [&](ForwardStage last) {
       std::vector<Graph> graphs;
       for (int i = 0; i < sets; ++i) {
         const auto k = static_cast<std::size_t>(i);
@@ -482,9 +516,18 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
           }
         });
       }
-      return time_graphs(graphs, s, options.warmup, options.iterations);
+      return graphs;
+    };
+    // Median of the forward (through stage `last`) replayed over the input sets.
+    const auto time_forward = [&](ForwardStage last) {
+      return time_graphs(forward_graphs(last), s, options.warmup, options.iterations);
     };
     row.fp4moe = time_forward(ForwardStage::kFinalize);
+    if (options.sustain_s > 0.0) {
+      progress(fmt::format("T={}: {} s of back-to-back forwards", T, options.sustain_s));
+      row.sustained = sustain(forward_graphs(ForwardStage::kFinalize), s, options.sustain_s,
+                              row.fp4moe.median_us, energy.get());
+    }
     if (options.stages) {
       std::vector<Graph> empty(1);
       empty[0].capture(s, [&] { FP4MOE_CUDA_CHECK(kernels::launch_empty(s)); });

@@ -45,6 +45,7 @@ void register_bench(CLI::App& app) {
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
          no_fused_routing = false, caller_routing = false;
     std::uint64_t seed = 1;
+    double sustain = 0.0;
     std::string json;
   };
   auto o = std::make_shared<Opts>();
@@ -75,6 +76,11 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--small-expert-tokens", o->small_expert_tokens,
                   "The most tokens of an expert that the small-expert launch takes: 8 or 16, -1 the layer's "
                   "choice (MoeLayerOptions::small_expert_tokens; for A/B runs)")
+      ->capture_default_str();
+  cmd->add_option("--sustain", o->sustain,
+                  "Also replay each token count's forward back to back for this many seconds (an engine's "
+                  "steady load, where the GPU may run at its power cap): time per forward, average power and "
+                  "energy per forward from the GPU's energy counter (NVML; GPU only)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
@@ -113,6 +119,11 @@ void register_bench(CLI::App& app) {
             !gpu ? (o->cpu ? std::string("--cpu given") : why) : std::string("--stages given"));
     b.caller_routing = o->caller_routing;
     b.small_expert_tokens = o->small_expert_tokens;
+    require(o->sustain >= 0.0 && o->sustain <= 600.0, "--sustain = {} must be 0 (off) to 600 seconds",
+            o->sustain);
+    require(o->sustain == 0.0 || gpu, "--sustain replays the GPU layer; this run has no GPU ({})",
+            o->cpu ? "--cpu given" : why);
+    b.sustain_s = o->sustain;
     b.seed = o->seed;
     b.cpu = o->cpu;
     const bench::BenchReport r =

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "bench/bench.hpp"
+#include "bench/energy.hpp"
 #include "fp4moe/moe_layer.hpp"
 #include "test_util/run_command.hpp"
 
@@ -85,6 +86,50 @@ TEST(BenchCli, CallerRoutingNeedsAGpuAndNoStages) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--caller-routing times the GPU layer's forward_routed, without --stages "
                                   "(--cpu given)"));
+}
+
+// --sustain: the back-to-back run's time per forward, its ratio to the burst median, and the power
+// and energy per forward where the counter was read; "-" and the reason where it was not.
+TEST(BenchReport, SustainedRunsAreTabulated) {
+  bench::BenchReport r = gpu_report();
+  EXPECT_THAT(bench::format_table(r), Not(HasSubstr("sustained")));
+  EXPECT_FALSE(bench::to_json(r).at("rows").at(0).contains("sustained"));
+  r.sustain_s = 2.0;
+  r.rows[0].sustained = bench::BenchRow::Sustained{2.0, 20000, 1400.0};  // 100 us, 700 W, 70 mJ
+  std::string text = bench::format_table(r);
+  EXPECT_THAT(text, HasSubstr("replayed back to back for 2 s"));
+  EXPECT_THAT(text, HasSubstr("tokens    time us  forwards  %floor vs burst    watts mJ/forward\n"));
+  EXPECT_THAT(text, HasSubstr("     1      100.0     20000     45%    0.85x      700      70.00\n"));
+  const auto j = bench::to_json(r).at("rows").at(0).at("sustained");
+  EXPECT_DOUBLE_EQ(j.at("us_per_forward").get<double>(), 100.0);
+  EXPECT_DOUBLE_EQ(j.at("watts").get<double>(), 700.0);
+  EXPECT_DOUBLE_EQ(j.at("mj_per_forward").get<double>(), 70.0);
+  r.rows[0].sustained->joules = -1.0;
+  r.energy_note = "NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be loaded";
+  text = bench::format_table(r);
+  EXPECT_THAT(text, HasSubstr("     1      100.0     20000     45%    0.85x        -          -\n"));
+  EXPECT_THAT(text, HasSubstr("energy not measured: NVML (libnvidia-ml.so.1"));
+  EXPECT_TRUE(bench::to_json(r).at("rows").at(0).at("sustained").at("watts").is_null());
+}
+
+TEST(BenchCli, SustainNeedsAGpuAndABoundedTime) {
+  auto r = test_util::run_cli("bench --cpu --sustain 1 --tokens 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--sustain replays the GPU layer; this run has no GPU (--cpu given)"));
+  r = test_util::run_cli("bench --cpu --sustain -2 --tokens 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--sustain = -2 must be 0 (off) to 600 seconds"));
+}
+
+// Without the driver's NVML (CI) the counter is absent with a reason; with it, a bogus bus id is
+// named in the reason.
+TEST(EnergyCounter, SaysWhyItIsAbsent) {
+  std::string why;
+  const auto counter = bench::EnergyCounter::open("not-a-bus-id", &why);
+  EXPECT_EQ(counter, nullptr);
+  EXPECT_FALSE(why.empty());
+  EXPECT_THAT(why, ::testing::AnyOf(HasSubstr("libnvidia-ml.so.1"), HasSubstr("nvmlInit failed"),
+                                    HasSubstr("'not-a-bus-id'")));
 }
 
 }  // namespace
