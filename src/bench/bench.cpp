@@ -129,21 +129,32 @@ std::string format_table(const BenchReport& r) {
                                        [](const BenchRow& row) { return row.sustained.has_value(); });
     if (sustained) {
       s += fmt::format(
-          "sustained: each forward replayed back to back for {:g} s (an engine's steady load; the GPU may "
-          "run "
-          "at its power cap):\n",
+          "sustained: each forward replayed back to back for {:g} s (an engine's steady load; "
+          "the GPU may run at its power cap):\n",
           r.sustain_s);
-      s += fmt::format("{:>6} {:>10} {:>9} {:>7} {:>8} {:>8} {:>10}\n", "tokens", "time us", "forwards",
+      const bool base = std::any_of(r.rows.begin(), r.rows.end(),
+                                    [](const BenchRow& row) { return row.baseline_sustained.has_value(); });
+      s += fmt::format("{:>6} {:>10} {:>9} {:>7} {:>8} {:>8} {:>10}", "tokens", "time us", "forwards",
                        "%floor", "vs burst", "watts", "mJ/forward");
+      s += base ? fmt::format(" {:>11} {:>8} {:>13}\n", "bf16 us", "speedup", "bf16 mJ/fwd") : "\n";
+      const auto mj = [](const BenchRow::Sustained& x) {
+        return x.joules >= 0.0 ? fmt::format("{:.2f}", 1e3 * x.joules / static_cast<double>(x.forwards))
+                               : "-";
+      };
       for (const auto& row : r.rows) {
         if (!row.sustained) continue;
         const BenchRow::Sustained& u = *row.sustained;
         const double t = u.us_per_forward();
-        s += fmt::format(
-            "{:>6} {:>10.1f} {:>9} {:>6.0f}% {:>7.2f}x {:>8} {:>10}\n", row.tokens, t, u.forwards,
-            100.0 * row.floor_us / t, row.fp4moe.median_us / t,
-            u.joules >= 0.0 ? fmt::format("{:.0f}", u.watts()) : "-",
-            u.joules >= 0.0 ? fmt::format("{:.2f}", 1e3 * u.joules / static_cast<double>(u.forwards)) : "-");
+        s += fmt::format("{:>6} {:>10.1f} {:>9} {:>6.0f}% {:>7.2f}x {:>8} {:>10}", row.tokens, t, u.forwards,
+                         100.0 * row.floor_us / t, row.fp4moe.median_us / t,
+                         u.joules >= 0.0 ? fmt::format("{:.0f}", u.watts()) : "-", mj(u));
+        if (row.baseline_sustained) {
+          const BenchRow::Sustained& b = *row.baseline_sustained;
+          s +=
+              fmt::format(" {:>11.1f} {:>7.2f}x {:>13}\n", b.us_per_forward(), b.us_per_forward() / t, mj(b));
+        } else {
+          s += base ? fmt::format(" {:>11} {:>8} {:>13}\n", "-", "-", "-") : "\n";
+        }
       }
       if (!r.energy_note.empty()) s += fmt::format("energy not measured: {}\n", r.energy_note);
     }
@@ -222,17 +233,19 @@ nlohmann::json to_json(const BenchReport& r) {
         prev = row.prefix_us[i];
       }
     }
-    if (row.sustained) {
-      const BenchRow::Sustained& u = *row.sustained;
-      x["sustained"] = {{"seconds", u.seconds},
-                        {"forwards", u.forwards},
-                        {"us_per_forward", u.us_per_forward()},
-                        {"joules", u.joules >= 0.0 ? nlohmann::json(u.joules) : nlohmann::json(nullptr)},
-                        {"watts", u.joules >= 0.0 ? nlohmann::json(u.watts()) : nlohmann::json(nullptr)},
-                        {"mj_per_forward",
-                         u.joules >= 0.0 ? nlohmann::json(1e3 * u.joules / static_cast<double>(u.forwards))
-                                         : nlohmann::json(nullptr)}};
-    }
+    const auto sustained_json = [](const BenchRow::Sustained& u) {
+      const auto or_null = [&](double v) {
+        return u.joules >= 0.0 ? nlohmann::json(v) : nlohmann::json(nullptr);
+      };
+      return nlohmann::json{{"seconds", u.seconds},
+                            {"forwards", u.forwards},
+                            {"us_per_forward", u.us_per_forward()},
+                            {"joules", or_null(u.joules)},
+                            {"watts", or_null(u.watts())},
+                            {"mj_per_forward", or_null(1e3 * u.joules / static_cast<double>(u.forwards))}};
+    };
+    if (row.sustained) x["sustained"] = sustained_json(*row.sustained);
+    if (row.baseline_sustained) x["baseline_sustained"] = sustained_json(*row.baseline_sustained);
     if (row.baseline.measured()) {
       x["baseline"] = stats_json(row.baseline);
       x["speedup_over_baseline"] = row.baseline.median_us / row.fp4moe.median_us;

@@ -76,6 +76,7 @@ struct BenchRow {
     double watts() const { return joules >= 0.0 && seconds > 0.0 ? joules / seconds : -1.0; }
   };
   std::optional<Sustained> sustained;
+  std::optional<Sustained> baseline_sustained;  // the BF16 layer's, when it was timed
 };
 
 struct BenchReport {

@@ -542,6 +542,10 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
                                         outs[static_cast<std::size_t>(i)].get(), T, s));
       }
       row.baseline = time_graphs(bgraphs, s, options.warmup, options.iterations);
+      if (options.sustain_s > 0.0) {
+        progress(fmt::format("T={}: {} s of back-to-back BF16 layers", T, options.sustain_s));
+        row.baseline_sustained = sustain(bgraphs, s, options.sustain_s, row.baseline.median_us, energy.get());
+      }
     }
     r.rows.push_back(row);
   }

@@ -110,6 +110,16 @@ TEST(BenchReport, SustainedRunsAreTabulated) {
   EXPECT_THAT(text, HasSubstr("     1      100.0     20000     45%    0.85x        -          -\n"));
   EXPECT_THAT(text, HasSubstr("energy not measured: NVML (libnvidia-ml.so.1"));
   EXPECT_TRUE(bench::to_json(r).at("rows").at(0).at("sustained").at("watts").is_null());
+  // With the BF16 layer replayed too: its time, the speed-up and its energy per forward.
+  r.rows[0].sustained->joules = 14.0;
+  r.rows[0].baseline_sustained = bench::BenchRow::Sustained{2.0, 5000, 1300.0};  // 400 us, 260 mJ
+  text = bench::format_table(r);
+  EXPECT_THAT(text, HasSubstr("mJ/forward     bf16 us  speedup   bf16 mJ/fwd\n"));
+  EXPECT_THAT(text,
+              HasSubstr("     1      100.0     20000     45%    0.85x        7       0.70       400.0    "
+                        "4.00x        260.00\n"));
+  EXPECT_DOUBLE_EQ(
+      bench::to_json(r).at("rows").at(0).at("baseline_sustained").at("us_per_forward").get<double>(), 400.0);
 }
 
 TEST(BenchCli, SustainNeedsAGpuAndABoundedTime) {
