@@ -7,7 +7,8 @@
 #
 # Usage: tools/device_ab.sh BASE_BIN NEW_BIN
 # Environment: FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
-# "--no-baseline --iterations 30"), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
+# "--no-baseline --iterations 30"; with --sustain S the summary adds the back-to-back times and the
+# energy per forward), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
 # OUT (default ./device-out). Writes ab.txt (the summary), ab-{base,new}-N.json and, when tuning,
 # tune-{base,new}.txt; keep $OUT to 8 files (the device tool brings back at most 8).
 set -uo pipefail
@@ -31,6 +32,12 @@ for ((r = 1; r <= runs; ++r)); do
   done
 done
 python3 tools/ab_summary.py "$OUT"/ab-base-*.json -- "$OUT"/ab-new-*.json | tee "$OUT/ab.txt" || status=1
+# With --sustain in the bench arguments: the back-to-back times and the energy per forward too.
+if [[ " ${args[*]} " == *" --sustain "* ]]; then
+  for m in --sustained --energy; do
+    python3 tools/ab_summary.py "$m" "$OUT"/ab-base-*.json -- "$OUT"/ab-new-*.json | tee -a "$OUT/ab.txt" || status=1
+  done
+fi
 if [ -n "${FP4MOE_AB_TUNE_TOKENS:-}" ]; then
   for side in base new; do
     bin=$base

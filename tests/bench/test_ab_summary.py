@@ -10,9 +10,11 @@ import tempfile
 TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "ab_summary.py"
 
 
-def bench_json(path, commit, forward_us, finalize_us):
+def bench_json(path, commit, forward_us, finalize_us, sustained=None):
     rows = [{"tokens": t, "fp4moe": {"median_us": f}, "stages_us": {"finalize": s}}
             for t, f, s in zip((1, 4), forward_us, finalize_us)]
+    for row, (us, mj) in zip(rows, sustained or []):
+        row["sustained"] = {"us_per_forward": us, "mj_per_forward": mj}
     path.write_text(json.dumps({"commit": commit, "rows": rows}))
     return str(path)
 
@@ -39,6 +41,21 @@ def main():
         assert [r.split()[-1] for r in rows] == ["-1.0", "-2.0"], rows  # 2 - 3; 5 - 7
         missing = run("--stage", "routing", *base, "--", *new)
         assert missing.returncode != 0 and "has no stage 'routing'" in missing.stderr, missing.stderr
+        nosust = run("--sustained", *base, "--", *new)
+        assert nosust.returncode != 0 and "has no sustained run" in nosust.stderr, nosust.stderr
+        sb = [bench_json(d / f"sb{i}.json", "aaa", (80.0, 200.0), (3.0, 6.0), ((90.0 + i, 40.0), (210.0, 130.0)))
+              for i in range(3)]
+        sn = [bench_json(d / f"sn{i}.json", "bbb", (78.0, 190.0), (2.0, 4.0), ((88.0, 39.0 + i), (200.0, None)))
+              for i in range(3)]
+        sus = run("--sustained", *sb, "--", *sn)
+        assert sus.returncode == 0, sus.stderr
+        assert "us per forward back to back" in sus.stdout.splitlines()[0], sus.stdout
+        assert sus.stdout.splitlines()[2].endswith(f"{91.0 / 88.0:7.3f}x"), sus.stdout
+        energy = run("--energy", *sb, "--", *sn)
+        assert energy.returncode == 0, energy.stderr
+        lines = energy.stdout.splitlines()
+        # T=4's new energy was not read (null): only T=1 is compared, medians 40 / 40
+        assert len(lines) == 3 and lines[2].endswith(f"{40.0 / 40.0:7.3f}x"), energy.stdout
         usage = run(*base)
         assert usage.returncode == 2 and "ab_summary.py" in usage.stderr, usage.stderr
     print("ab_summary: ok")
