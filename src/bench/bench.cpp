@@ -138,8 +138,7 @@ std::string format_table(const BenchReport& r) {
                        "%floor", "vs burst", "watts", "mJ/forward");
       s += base ? fmt::format(" {:>11} {:>8} {:>13}\n", "bf16 us", "speedup", "bf16 mJ/fwd") : "\n";
       const auto mj = [](const BenchRow::Sustained& x) {
-        return x.joules >= 0.0 ? fmt::format("{:.2f}", 1e3 * x.joules / static_cast<double>(x.forwards))
-                               : "-";
+        return x.measured_energy() ? fmt::format("{:.2f}", x.mj_per_forward()) : "-";
       };
       for (const auto& row : r.rows) {
         if (!row.sustained) continue;
@@ -147,7 +146,7 @@ std::string format_table(const BenchReport& r) {
         const double t = u.us_per_forward();
         s += fmt::format("{:>6} {:>10.1f} {:>9} {:>6.0f}% {:>7.2f}x {:>8} {:>10}", row.tokens, t, u.forwards,
                          100.0 * row.floor_us / t, row.fp4moe.median_us / t,
-                         u.joules >= 0.0 ? fmt::format("{:.0f}", u.watts()) : "-", mj(u));
+                         u.measured_energy() ? fmt::format("{:.0f}", u.watts()) : "-", mj(u));
         if (row.baseline_sustained) {
           const BenchRow::Sustained& b = *row.baseline_sustained;
           s +=
@@ -211,6 +210,18 @@ nlohmann::json to_json(const BenchReport& r) {
   if (r.sustain_s > 0.0) j["energy_note"] = r.energy_note;
   j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
   j["baseline"] = r.baseline_name;
+  // Energy figures are null where the counter was not read.
+  auto sustained_json = [](const BenchRow::Sustained& u) {
+    const auto or_null = [&](double v) {
+      return u.measured_energy() ? nlohmann::json(v) : nlohmann::json(nullptr);
+    };
+    return nlohmann::json{{"seconds", u.seconds},
+                          {"forwards", u.forwards},
+                          {"us_per_forward", u.us_per_forward()},
+                          {"joules", or_null(u.joules)},
+                          {"watts", or_null(u.watts())},
+                          {"mj_per_forward", or_null(u.mj_per_forward())}};
+  };
   auto stats_json = [](const TimeStats& s) {
     return nlohmann::json{
         {"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}, {"runs", s.runs}};
@@ -233,17 +244,6 @@ nlohmann::json to_json(const BenchReport& r) {
         prev = row.prefix_us[i];
       }
     }
-    const auto sustained_json = [](const BenchRow::Sustained& u) {
-      const auto or_null = [&](double v) {
-        return u.joules >= 0.0 ? nlohmann::json(v) : nlohmann::json(nullptr);
-      };
-      return nlohmann::json{{"seconds", u.seconds},
-                            {"forwards", u.forwards},
-                            {"us_per_forward", u.us_per_forward()},
-                            {"joules", or_null(u.joules)},
-                            {"watts", or_null(u.watts())},
-                            {"mj_per_forward", or_null(1e3 * u.joules / static_cast<double>(u.forwards))}};
-    };
     if (row.sustained) x["sustained"] = sustained_json(*row.sustained);
     if (row.baseline_sustained) x["baseline_sustained"] = sustained_json(*row.baseline_sustained);
     if (row.baseline.measured()) {

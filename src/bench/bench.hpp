@@ -73,7 +73,11 @@ struct BenchRow {
     double us_per_forward() const {
       return forwards > 0 ? seconds * 1e6 / static_cast<double>(forwards) : 0.0;
     }
-    double watts() const { return joules >= 0.0 && seconds > 0.0 ? joules / seconds : -1.0; }
+    bool measured_energy() const { return joules >= 0.0; }
+    double watts() const { return measured_energy() && seconds > 0.0 ? joules / seconds : -1.0; }
+    double mj_per_forward() const {
+      return measured_energy() && forwards > 0 ? 1e3 * joules / static_cast<double>(forwards) : -1.0;
+    }
   };
   std::optional<Sustained> sustained;
   std::optional<Sustained> baseline_sustained;  // the BF16 layer's, when it was timed
