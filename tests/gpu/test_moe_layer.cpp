@@ -9,7 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 #include <numeric>
+#include <random>
 #include <optional>
 #include <string>
 #include <utility>
@@ -881,6 +884,111 @@ TEST(GpuMoeLayer, RejectsBadSmallExpertOptions) {
 }
 
 // Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
+// Random layers against the reference: shapes (every multiple of the format's block up to 1024),
+// expert counts, top-k, the three routers, NVFP4 and MXFP4 (with gpt-oss's clamped SwiGLU and
+// biases), shared experts, token counts from 0 to 600, one expert hot or not, the forward's
+// options, and each GEMM left to the dispatcher or forced onto a kernel family with random
+// parameters (configurations the planner refuses on this GPU are skipped and counted). The seed
+// is FP4MOE_TEST_SEED when set, else fresh each run; it is printed, so a failure can be replayed.
+TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
+  FP4MOE_SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("FP4MOE_TEST_SEED");
+  const std::uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::cout << "RandomLayersMatchTheReference: FP4MOE_TEST_SEED=" << seed << "\n";
+  RecordProperty("seed", std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto pick = [&](std::int64_t lo, std::int64_t hi) {  // uniform in [lo, hi]
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  // A random configuration of one family (the planner judges it when the layer is built).
+  const auto random_choice = [&]() -> std::optional<GemmChoice> {
+    switch (pick(0, 3)) {
+      case 1: {
+        const auto& shape = kernels::kStreamTileShapes[pick(0, std::size(kernels::kStreamTileShapes) - 1)];
+        const int max_warps = kernels::StreamGemmLayout::max_warps(shape[1]);
+        const int warps = std::min<int>(max_warps, static_cast<int>(4 << pick(0, 2)));
+        const int splits[] = {1, 2, 4};
+        const int k_split = std::min(warps, splits[pick(0, 2)]);
+        return GemmChoice{GemmKernel::kStream, shape[0], shape[1], static_cast<int>(pick(2, 4)), warps, k_split};
+      }
+      case 2:
+        return GemmChoice{GemmKernel::kTile, 2, chance(0.5) ? 4 : 8, static_cast<int>(pick(2, 4)), 8, 1};
+      case 3: {
+        const int n_tiles[] = {4, 8, 16};
+        return GemmChoice{GemmKernel::kWgmma, 2, n_tiles[pick(0, 2)], static_cast<int>(pick(3, 8)), 8, 1};
+      }
+      default:
+        return std::nullopt;  // the dispatcher's (or the tune cache's) pick
+    }
+  };
+  const std::int64_t token_menu[] = {0, 1, 2, 3, 4, 7, 8, 9, 16, 17, 31, 64, 65, 100, 128, 257, 513};
+  int built = 0, skipped = 0;
+  for (int layer_i = 0; layer_i < 30; ++layer_i) {
+    LayerDesc d;
+    for (;;) {
+      d = LayerDesc{};
+      d.format = chance(0.3) ? WeightFormat::kMxfp4 : WeightFormat::kNvfp4;
+      const std::int64_t block = d.format == WeightFormat::kMxfp4 ? 32 : 16;
+      d.hidden = block * pick(1, 1024 / block);
+      d.intermediate = block * pick(1, 768 / block);
+      d.experts = pick(1, 80);
+      d.top_k = pick(1, std::min<std::int64_t>(8, d.experts));
+      d.router = static_cast<RouterKind>(pick(0, 2));
+      d.renormalize = chance(0.8);
+      if (d.router == RouterKind::kSigmoidGroupTopK) {
+        d.n_group = pick(1, 8);
+        d.topk_group = pick(1, d.n_group);
+        d.routed_scaling_factor = chance(0.5) ? 2.5f : 1.0f;
+      }
+      if (d.format == WeightFormat::kMxfp4 && chance(0.5)) {
+        d.activation = Activation::kSwiGLUClamped;
+        d.expert_bias = true;
+      }
+      if (chance(0.4)) d.shared_intermediate = block * pick(1, 1024 / block);
+      try {
+        d.validate();
+        break;
+      } catch (const Error&) {
+        // an inconsistent draw (e.g. n_group not dividing the experts): draw again
+      }
+    }
+    const LayerWeights w = random_layer_weights(d, seed + static_cast<std::uint64_t>(layer_i));
+    const std::int64_t tokens[] = {chance(0.5) ? token_menu[pick(0, std::size(token_menu) - 1)] : pick(1, 600),
+                                   token_menu[pick(0, std::size(token_menu) - 1)]};
+    MoeLayerOptions o;
+    o.max_tokens = std::max<std::int64_t>(1, std::max(tokens[0], tokens[1]));
+    o.programmatic_launch = chance(0.8);
+    o.fused_routing = chance(0.8);
+    o.small_expert_launch = chance(0.8);
+    o.l2_prefetch = chance(0.8);
+    o.use_tune_cache = false;
+    o.gemm1 = random_choice();
+    o.gemm2 = random_choice();
+    const int hot = chance(0.2) ? static_cast<int>(pick(0, d.experts - 1)) : -1;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", layer " + std::to_string(layer_i) + ": " + d.to_string() +
+                 ", gemm1 " + (o.gemm1 ? o.gemm1->to_string() : std::string("auto")) + ", gemm2 " +
+                 (o.gemm2 ? o.gemm2->to_string() : std::string("auto")) + ", hot " + std::to_string(hot));
+    std::optional<MoeLayer> layer;
+    try {
+      layer.emplace(w, o);
+    } catch (const Error& e) {
+      // A forced configuration this GPU's planner refuses (or none the build has): nothing to run.
+      ASSERT_TRUE(o.gemm1 || o.gemm2) << "the dispatcher's own picks were refused: " << e.what();
+      ++skipped;
+      continue;
+    }
+    ++built;
+    for (const std::int64_t t : tokens) {
+      expect_matches_reference(w, *layer, t, seed * 31 + static_cast<std::uint64_t>(layer_i * 7 + t), hot);
+      if (HasFatalFailure()) return;
+    }
+  }
+  std::cout << "RandomLayersMatchTheReference: " << built << " layers run, " << skipped
+            << " with a forced configuration the planner refused\n";
+  EXPECT_GE(built, 15);
+}
+
 class GpuRealShapes : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuRealShapes, MatchesReference) {
