@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <numeric>
-#include <random>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -910,7 +910,8 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
         const int warps = std::min<int>(max_warps, static_cast<int>(4 << pick(0, 2)));
         const int splits[] = {1, 2, 4};
         const int k_split = std::min(warps, splits[pick(0, 2)]);
-        return GemmChoice{GemmKernel::kStream, shape[0], shape[1], static_cast<int>(pick(2, 4)), warps, k_split};
+        const int stages = static_cast<int>(pick(2, 4));
+        return GemmChoice{GemmKernel::kStream, shape[0], shape[1], stages, warps, k_split};
       }
       case 2:
         return GemmChoice{GemmKernel::kTile, 2, chance(0.5) ? 4 : 8, static_cast<int>(pick(2, 4)), 8, 1};
@@ -957,8 +958,9 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
       }
     }
     const LayerWeights w = random_layer_weights(d, seed + static_cast<std::uint64_t>(layer_i));
-    const std::int64_t tokens[] = {chance(0.5) ? token_menu[pick(0, std::size(token_menu) - 1)] : pick(1, 600),
-                                   token_menu[pick(0, std::size(token_menu) - 1)]};
+    const std::int64_t tokens[] = {
+        chance(0.5) ? token_menu[pick(0, std::size(token_menu) - 1)] : pick(1, 600),
+        token_menu[pick(0, std::size(token_menu) - 1)]};
     MoeLayerOptions o;
     o.max_tokens = std::max<std::int64_t>(1, std::max(tokens[0], tokens[1]));
     o.programmatic_launch = chance(0.8);
@@ -969,9 +971,10 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
     o.gemm1 = random_choice();
     o.gemm2 = random_choice();
     const int hot = chance(0.2) ? static_cast<int>(pick(0, d.experts - 1)) : -1;
-    SCOPED_TRACE("seed " + std::to_string(seed) + ", layer " + std::to_string(layer_i) + ": " + d.to_string() +
-                 ", gemm1 " + (o.gemm1 ? o.gemm1->to_string() : std::string("auto")) + ", gemm2 " +
-                 (o.gemm2 ? o.gemm2->to_string() : std::string("auto")) + ", hot " + std::to_string(hot));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", layer " + std::to_string(layer_i) + ": " +
+                 d.to_string() + ", gemm1 " + (o.gemm1 ? o.gemm1->to_string() : std::string("auto")) +
+                 ", gemm2 " + (o.gemm2 ? o.gemm2->to_string() : std::string("auto")) + ", hot " +
+                 std::to_string(hot));
     std::optional<MoeLayer> layer;
     try {
       layer.emplace(w, o);

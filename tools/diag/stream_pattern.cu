@@ -21,13 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
+#define CHECK(x)                                                                               \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+      std::exit(1);                                                                            \
+    }                                                                                          \
   } while (0)
 
 constexpr int kBlock = 2304;
@@ -40,7 +40,9 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp16(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -109,7 +111,8 @@ int main() {
   CHECK(cudaMalloc(&sink, 1 << 20));
   CHECK(cudaMemset(w, 1, bytes));
   CHECK(cudaMemset(act, 1, 8 * 1024));
-  CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * kStages * kStageBytes));
+  CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             16 * kStages * kStageBytes));
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
@@ -125,15 +128,16 @@ int main() {
     CHECK(cudaEventSynchronize(e1));
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("plain read 128 MB: %.1f us, %.0f GB/s\n", ms * 1e3 / reps, (128ll << 20) * reps / (ms * 1e-3) / 1e9);
+    std::printf("plain read 128 MB: %.1f us, %.0f GB/s\n", ms * 1e3 / reps,
+                (128ll << 20) * reps / (ms * 1e-3) / 1e9);
   }
   struct Case {
     int warps, chunks, work;
   };
   // 16 warps x 13 chunks ~ T=1's down GEMM (64 MB), 15 x 28 ~ its gate/up (127 MB), 16 x 32, and
   // with stand-in work.
-  const Case cases[] = {{16, 13, 0}, {15, 28, 0}, {16, 32, 0}, {8, 32, 0}, {16, 13, 64}, {15, 28, 64},
-                        {16, 13, 128}, {15, 28, 128}};
+  const Case cases[] = {{16, 13, 0},  {15, 28, 0},  {16, 32, 0},   {8, 32, 0},
+                        {16, 13, 64}, {15, 28, 64}, {16, 13, 128}, {15, 28, 128}};
   for (const Case& c : cases) {
     for (int interleaved = 0; interleaved < 2; ++interleaved) {
       const long long blocks = static_cast<long long>(sms) * c.warps * c.chunks;
@@ -144,16 +148,17 @@ int main() {
       CHECK(cudaGetLastError());
       CHECK(cudaEventRecord(e0));
       for (int r = 0; r < reps; ++r)
-        stream_kernel<<<sms, c.warps * 32, smem>>>(w + (r % windows) * used, act, c.chunks, interleaved, c.work,
-                                                    sink);
+        stream_kernel<<<sms, c.warps * 32, smem>>>(w + (r % windows) * used, act, c.chunks, interleaved,
+                                                   c.work, sink);
       CHECK(cudaEventRecord(e1));
       CHECK(cudaEventSynchronize(e1));
       float ms = 0;
       CHECK(cudaEventElapsedTime(&ms, e0, e1));
       const double us = ms * 1e3 / reps;
-      std::printf("warps %2d x %3d SMs, %2d chunks a warp (%5.1f MB), work %3d, %-11s: %7.1f us, %5.0f GB/s\n",
-                  c.warps, sms, c.chunks, used / 1e6, c.work, interleaved ? "interleaved" : "own", us,
-                  used / (us * 1e-6) / 1e9);
+      std::printf(
+          "warps %2d x %3d SMs, %2d chunks a warp (%5.1f MB), work %3d, %-11s: %7.1f us, %5.0f GB/s\n",
+          c.warps, sms, c.chunks, used / 1e6, c.work, interleaved ? "interleaved" : "own", us,
+          used / (us * 1e-6) / 1e9);
     }
   }
   return 0;
