@@ -883,7 +883,6 @@ TEST(GpuMoeLayer, RejectsBadSmallExpertOptions) {
   }
 }
 
-// Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
 // Random layers against the reference: shapes (every multiple of the format's block up to 1024),
 // expert counts, top-k, the three routers, NVFP4 and MXFP4 (with gpt-oss's clamped SwiGLU and
 // biases), shared experts, token counts from 0 to 600, one expert hot or not, the forward's
@@ -979,8 +978,13 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
     try {
       layer.emplace(w, o);
     } catch (const Error& e) {
-      // A forced configuration this GPU's planner refuses (or none the build has): nothing to run.
-      ASSERT_TRUE(o.gemm1 || o.gemm2) << "the dispatcher's own picks were refused: " << e.what();
+      // Only a forced configuration the planner refuses on this GPU (or that the build lacks) is
+      // skipped; any other failure to build the layer fails the test.
+      const std::string what = e.what();
+      ASSERT_TRUE((o.gemm1 || o.gemm2) && e.code() != Errc::kInternal && e.code() != Errc::kCuda &&
+                  what.find("rejected by the planner") != std::string::npos)
+          << what;
+      std::cout << "RandomLayersMatchTheReference: layer " << layer_i << " skipped: " << what << "\n";
       ++skipped;
       continue;
     }
@@ -995,6 +999,7 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
   EXPECT_GE(built, 15);
 }
 
+// Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
 class GpuRealShapes : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuRealShapes, MatchesReference) {
