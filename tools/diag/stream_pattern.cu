@@ -13,13 +13,18 @@
 // dependent integer operations per chunk and lane stand in for the decode.
 //
 // The build makes it as fp4moe_diag_stream_pattern (no arguments; prints a table). Alone:
-//   nvcc -std=c++17 -O3 -arch=sm_90a -o stream_pattern tools/diag/stream_pattern.cu && ./stream_pattern
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I. -Iinclude -o stream_pattern tools/diag/stream_pattern.cu &&
+//   ./stream_pattern
 // On the H200 (2026-12-02) both orders ran at the same rate, 3.5-4.0 TB/s without work (docs/PERF.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+#include "kernels/common.cuh"
+#include "kernels/stream_gemm_layout.hpp"
+#include "kernels/weight_layout.hpp"
 
 #define CHECK(x)                                                                               \
   do {                                                                                         \
@@ -30,23 +35,16 @@
     }                                                                                          \
   } while (0)
 
-constexpr int kBlock = 2304;
+// The stream kernel's block and m4 n1 stage (2304 weight bytes + 1024 activation bytes).
+constexpr int kBlock = fp4moe::kernels::WeightLayout::kBlockBytes;
 constexpr int kStages = 3;
-constexpr int kStageBytes = 3328;  // 2304 weight bytes + 1024 activation bytes, as m4 n1
+constexpr int kStageBytes = fp4moe::kernels::StreamGemmLayout::stage_bytes({4, 1, kStages, 16, 1});
+static_assert(kBlock == 2304 && kStageBytes == 3328);
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp16(std::uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using fp4moe::kernels::cp_async16;
+using fp4moe::kernels::cp_async_commit;
+using fp4moe::kernels::cp_async_wait;
+using fp4moe::kernels::smem_addr;
 
 __global__ void stream_kernel(const std::uint8_t* w, const std::uint8_t* act, int chunks, int interleaved,
                               int work, std::uint32_t* sink) {
@@ -56,7 +54,7 @@ __global__ void stream_kernel(const std::uint8_t* w, const std::uint8_t* act, in
   const int warps = blockDim.x >> 5;
   const long long g = static_cast<long long>(blockIdx.x) * warps + warp;
   const long long G = static_cast<long long>(gridDim.x) * warps;
-  const std::uint32_t ring = smem_u32(smem) + warp * kStages * kStageBytes;
+  const std::uint32_t ring = smem_addr(smem) + warp * kStages * kStageBytes;
   auto block_of = [&](int c) -> const std::uint8_t* {
     const long long b = interleaved ? static_cast<long long>(c) * G + g : g * chunks + c;
     return w + b * kBlock;
@@ -66,18 +64,18 @@ __global__ void stream_kernel(const std::uint8_t* w, const std::uint8_t* act, in
       const std::uint8_t* src = block_of(c);
       const std::uint32_t st = ring + s * kStageBytes;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cp16(st + i * 512 + lane * 16, src + i * 512 + lane * 16);
-      if (lane < 16) cp16(st + 2048 + lane * 16, src + 2048 + lane * 16);
+      for (int i = 0; i < 4; ++i) cp_async16(st + i * 512 + lane * 16, src + i * 512 + lane * 16);
+      if (lane < 16) cp_async16(st + 2048 + lane * 16, src + 2048 + lane * 16);
       const std::uint8_t* a = act + (c % 8) * 1024;
-      cp16(st + 2304 + lane * 16, a + lane * 16);
-      cp16(st + 2304 + 512 + lane * 16, a + 512 + lane * 16);
+      cp_async16(st + 2304 + lane * 16, a + lane * 16);
+      cp_async16(st + 2304 + 512 + lane * 16, a + 512 + lane * 16);
     }
-    commit();
+    cp_async_commit();
   };
   for (int s = 0; s < kStages - 1; ++s) issue(s, s);
   std::uint32_t acc = 0;
   for (int c = 0; c < chunks; ++c) {
-    wait_group<kStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncwarp();
     issue(c + kStages - 1, (c + kStages - 1) % kStages);
     const std::uint32_t st = ring + (c % kStages) * kStageBytes;
@@ -86,7 +84,7 @@ __global__ void stream_kernel(const std::uint8_t* w, const std::uint8_t* act, in
     for (int i = 0; i < work; ++i) v = (v << 3) ^ (v >> 5) ^ static_cast<std::uint32_t>(i);
     acc ^= v;
   }
-  wait_group<0>();
+  cp_async_wait<0>();
   if (acc == 0x12345678u) sink[g] = acc;  // keeps the loads and the work
 }
 
