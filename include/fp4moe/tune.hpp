@@ -64,7 +64,7 @@ TuneShape tune_shape_of(const LayerDesc& layer);
 
 struct TunedGemm {
   GemmChoice choice;
-  double us = 0;  // median time of the GEMM alone at the bucket's token count
+  double us = 0;  // median time of a forward with it at the bucket's token count (the tuner's)
 };
 
 struct TuneEntry {

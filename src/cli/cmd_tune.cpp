@@ -62,7 +62,7 @@ void register_tune(CLI::App& app) {
                   "`fp4moe plan` prints, comma-separated: e.g. --configs 'n4 s8 w16,wgmma-gemm n4 s6 w8'")
       ->delimiter(',')
       ->excludes(max_configs);
-  cmd->add_option("--warmup", o->tune.warmup, "Warm-up launches per candidate")->capture_default_str();
+  cmd->add_option("--warmup", o->tune.warmup, "Warm-up forwards per candidate")->capture_default_str();
   cmd->add_option("--samples", o->tune.samples, "Timed samples per candidate (the median counts)")
       ->capture_default_str();
   cmd->add_option("--cache", o->tune.cache_path,

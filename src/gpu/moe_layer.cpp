@@ -467,9 +467,28 @@ struct MoeLayer::Impl {
   kernels::StreamGemmArgs gemm_args(gpu::Gemm which, const GemmChoice& c, const Bf16* x,
                                     bool h_permuted) const;
 
+  // A forward. `decision`: the one to run instead of the layer's own for `tokens` (the tuner's,
+  // with a candidate configuration; built by decision_with).
   void run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in, const float* w_in,
-           Bf16* out, std::int64_t tokens, RoutingOutput routing,
-           ForwardStage last = ForwardStage::kFinalize) const;
+           Bf16* out, std::int64_t tokens, RoutingOutput routing, ForwardStage last = ForwardStage::kFinalize,
+           const Decision* decision = nullptr) const;
+
+  // The layer's decision at T tokens with GEMM `which` run as `choice` and the other GEMM as
+  // `other` (null: as the layer picks it), and what follows from both: tail launches, the
+  // small-expert launch, fused routing.
+  Decision decision_with(std::int64_t tokens, gpu::Gemm which, const GemmChoice& choice,
+                         const GemmChoice* other = nullptr) const {
+    Decision d;
+    const int w = which == gpu::Gemm::kGateUp ? 0 : 1;
+    d.choice[w] = choice;
+    d.choice[1 - w] =
+        other != nullptr ? *other : pick(tokens, w == 0 ? gpu::Gemm::kDown : gpu::Gemm::kGateUp).choice;
+    d.tails[0] = tails(tokens, gpu::Gemm::kGateUp, d.choice[0]);
+    d.tails[1] = tails(tokens, gpu::Gemm::kDown, d.choice[1]);
+    d.small_max = small_max(tokens, d.choice[0]);
+    d.fused_routing = fused_routing(tokens, d.choice[0], d.choice[1], d.tails, d.small_max);
+    return d;
+  }
 };
 
 MoeLayer::MoeLayer(const LayerWeights& weights, const MoeLayerOptions& options)
@@ -802,7 +821,7 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
 
 void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, const std::int32_t* ids_in,
                          const float* w_in, Bf16* out, std::int64_t tokens, RoutingOutput routing,
-                         ForwardStage last) const {
+                         ForwardStage last, const Decision* given) const {
   require(tokens >= 0 && tokens <= options.max_tokens,
           "tokens = {} is outside [0, max_tokens = {}] (MoeLayerOptions::max_tokens sizes the workspace)",
           tokens, options.max_tokens);
@@ -815,7 +834,7 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const int T = static_cast<int>(tokens);
   const bool pdl = use_pdl();
 
-  const Decision& decision = decide(tokens);
+  const Decision& decision = given != nullptr ? *given : decide(tokens);
   const GemmChoice& c1 = decision.choice[0];
   const GemmChoice& c2 = decision.choice[1];
   const kernels::StreamEpilogue e1 = epilogue(gpu::Gemm::kGateUp);
@@ -944,11 +963,35 @@ std::string MoeLayer::plan_summary(std::int64_t tokens) const {
 namespace gpu {
 
 struct LayerTuning::Impl {
+  // Input sets rotated over the timed forwards, as `fp4moe bench` does: at decode sizes each set
+  // routes to other experts, so a forward finds its weights in memory, not in L2.
+  static constexpr int kSets = 4;
   const MoeLayer* layer = nullptr;
   std::int64_t tokens = 0;
-  DeviceBuffer x, logits;
+  DeviceBuffer x[kSets], logits[kSets], out;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
+
+  // One forward per input set with a given decision, captured as CUDA graphs (what `fp4moe bench`
+  // replays, and what an engine runs).
+  struct Forwards {
+    cudaGraph_t graph[kSets] = {};
+    cudaGraphExec_t exec[kSets] = {};
+    int next = 0;
+    Forwards() = default;
+    Forwards(const Forwards&) = delete;
+    Forwards& operator=(const Forwards&) = delete;
+    ~Forwards() {
+      for (int i = 0; i < kSets; ++i) {
+        if (exec[i] != nullptr) cudaGraphExecDestroy(exec[i]);
+        if (graph[i] != nullptr) cudaGraphDestroy(graph[i]);
+      }
+    }
+    void launch(cudaStream_t s) {
+      FP4MOE_CUDA_CHECK(cudaGraphLaunch(exec[next], s));
+      next = (next + 1) % kSets;
+    }
+  };
 
   ~Impl() {
     if (start != nullptr) cudaEventDestroy(start);
@@ -989,15 +1032,18 @@ LayerTuning::LayerTuning(const MoeLayer& layer, std::int64_t tokens, std::uint64
   FP4MOE_CUDA_CHECK(cudaEventCreate(&t.start));
   FP4MOE_CUDA_CHECK(cudaEventCreate(&t.stop));
   const std::int64_t x_values = tokens * m.desc.hidden;
-  t.x = DeviceBuffer(static_cast<std::size_t>(x_values) * 2);
-  FP4MOE_CUDA_CHECK(
-      kernels::launch_fill_random_bf16(t.x.as<std::uint16_t>(), x_values, seed, 1.0f, t.stream));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, 2.0f);
   std::vector<float> host(static_cast<std::size_t>(tokens * m.desc.experts));
-  for (auto& v : host) v = dist(rng);
-  t.logits = DeviceBuffer(host.size() * sizeof(float));
-  t.logits.upload(host.data(), host.size() * sizeof(float));
+  for (int i = 0; i < Impl::kSets; ++i) {
+    t.x[i] = DeviceBuffer(static_cast<std::size_t>(x_values) * 2);
+    FP4MOE_CUDA_CHECK(kernels::launch_fill_random_bf16(t.x[i].as<std::uint16_t>(), x_values,
+                                                       seed + static_cast<std::uint64_t>(i), 1.0f, t.stream));
+    for (auto& v : host) v = dist(rng);
+    t.logits[i] = DeviceBuffer(host.size() * sizeof(float));
+    t.logits[i].upload(host.data(), host.size() * sizeof(float));
+  }
+  t.out = DeviceBuffer(static_cast<std::size_t>(x_values) * 2);
   // x was filled on t.stream, the logits copied on the legacy stream (which t.stream, non-blocking,
   // does not wait for): wait for both.
   FP4MOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -1011,63 +1057,68 @@ GemmTiming LayerTuning::time_gemm(GemmKind which, const GemmChoice& choice, int 
 
 std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vector<GemmChoice>& choices,
                                                 int warmup, int samples,
-                                                const std::function<void(int, int)>& progress) {
+                                                const std::function<void(int, int)>& progress,
+                                                const std::optional<GemmChoice>& other) {
   Impl& t = *impl_;
   const MoeLayer::Impl& m = *t.layer->impl_;
   require(samples >= 1, "samples = {} must be at least 1", samples);
   require(warmup >= 0, "warmup = {} must be at least 0", warmup);
-  // The layer's own decision with each choice forced: throws with the planner's reason if one is
-  // rejected, before anything is launched.
+  // The layer's own decision with each choice forced (and the other GEMM's): throws with the
+  // planner's reason if one is rejected, before anything is launched.
   for (const GemmChoice& choice : choices) {
     pick_layer_gemm(m.desc, t.tokens, which, m.arch, &m.measured,
                     GemmPreference{choice, PickSource::kForced, "the tuner"});
   }
+  const GemmKind other_kind = which == GemmKind::kGateUp ? GemmKind::kDown : GemmKind::kGateUp;
+  if (other) {
+    pick_layer_gemm(m.desc, t.tokens, other_kind, m.arch, &m.measured,
+                    GemmPreference{*other, PickSource::kForced, "the tuner"});
+  }
   FP4MOE_CUDA_CHECK(cudaSetDevice(m.device));
   const Gemm g = which == GemmKind::kGateUp ? Gemm::kGateUp : Gemm::kDown;
-  const Bf16* x = reinterpret_cast<const Bf16*>(t.x.as<std::uint16_t>());
-  const kernels::StreamEpilogue epi = m.epilogue(g);
-  std::vector<GemmTiming> out(choices.size());
+  Bf16* out = reinterpret_cast<Bf16*>(t.out.as<std::uint16_t>());
+  std::vector<GemmTiming> timings(choices.size());
+  std::vector<std::unique_ptr<Impl::Forwards>> forwards(choices.size());
   // Round r times sample r of every choice in turn, so that what drifts over a run (on an H200 at
   // prefill sizes the clock under the power cap, PERF.md) reaches every choice alike; timed one
   // after another, the first choice of a run measured up to 14% off (TUNING.md).
   for (int r = 0; r < samples; ++r) {
     for (std::size_t i = 0; i < choices.size(); ++i) {
       if (progress) progress(r, static_cast<int>(i));
-      const GemmChoice& choice = choices[i];
-      const std::vector<TailLaunch> tails = m.tails(t.tokens, g, choice);
-      // A wgmma GEMM with its small-expert launch, as a forward whose first GEMM runs on wgmma has
-      // it (for the second GEMM the tuner cannot know the first's choice and assumes so).
-      const int small_max = m.small_max(t.tokens, choice);
-      const bool small = MoeLayer::Impl::tb_small(choice, small_max) > 0;
-      // Routing and grouping for the choice's token blocks (the workspace holds one grouping). A
-      // wgmma first GEMM reads the k-permuted copy of x. The down GEMM reads h, zeroed at the
-      // layer's construction and since written only with finite values: its contents do not change
-      // the time.
-      m.route_and_group(t.stream, t.logits.as<float>(), nullptr, static_cast<int>(t.tokens), choice, choice,
-                        small_max);
-      if (g == Gemm::kGateUp && choice.kernel == GemmKernel::kWgmma) m.permute_gather(t.stream, x, t.tokens);
-      const kernels::StreamGemmArgs args = m.gemm_args(g, choice, x, false);
-      // With PDL where the layer's forward uses it: a tail launch then overlaps its main launch's
-      // last items as it does in a forward (without it the tuner undervalued configurations with
-      // tail launches: PERF.md, history b901d04). Each main launch still waits for the launch before it.
-      const auto launch_once = [&] {
-        m.launch_with_tails(g, args, choice, tails, epi, m.use_pdl(), t.stream);
-        if (small) m.launch_small(g, x, small_max, epi, m.use_pdl(), t.stream);
-      };
-      GemmTiming& timing = out[i];
+      GemmTiming& timing = timings[i];
       if (r == 0) {
-        for (int w = 0; w < warmup; ++w) launch_once();
-        // One launch sets how many make a sample of about 200 us (event timing resolves ~1 us).
-        const double one = t.time(launch_once, 1);
+        // Whole forwards with the choice in place of the layer's pick for this GEMM (the other GEMM
+        // as the layer picks it): the routing, the tail and small-expert launches, PDL and finalize
+        // a forward runs with it. (Timed alone, a GEMM missed what the forward overlaps, and small
+        // layers' weights stayed in L2 between launches: gpt-oss-120b's tuned picks made its layer
+        // 3-10% slower, PERF.md.)
+        const MoeLayer::Impl::Decision decision =
+            m.decision_with(t.tokens, g, choices[i], other ? &*other : nullptr);
+        auto f = std::make_unique<Impl::Forwards>();
+        for (int set = 0; set < Impl::kSets; ++set) {
+          const Bf16* x = reinterpret_cast<const Bf16*>(t.x[set].as<std::uint16_t>());
+          const float* logits = t.logits[set].as<float>();
+          // Once eagerly (sets the kernels up outside the capture), then captured.
+          m.run(t.stream, x, logits, nullptr, nullptr, out, t.tokens, {}, ForwardStage::kFinalize, &decision);
+          FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeThreadLocal));
+          m.run(t.stream, x, logits, nullptr, nullptr, out, t.tokens, {}, ForwardStage::kFinalize, &decision);
+          FP4MOE_CUDA_CHECK(cudaStreamEndCapture(t.stream, &f->graph[set]));
+          FP4MOE_CUDA_CHECK(cudaGraphInstantiate(&f->exec[set], f->graph[set], 0));
+        }
+        forwards[i] = std::move(f);
+        for (int w = 0; w < warmup; ++w) forwards[i]->launch(t.stream);
+        // One forward sets how many make a sample of about 200 us (event timing resolves ~1 us).
+        const double one = t.time([&] { forwards[i]->launch(t.stream); }, 1);
         timing.launches_per_sample =
             static_cast<int>(std::clamp(std::ceil(200.0 / std::max(one, 1e-3)), 1.0, 100.0));
       } else {
-        launch_once();  // after the other choices' grouping and launches: one to settle
+        forwards[i]->launch(t.stream);  // after the other choices' forwards: one to settle
       }
-      timing.us.push_back(t.time(launch_once, timing.launches_per_sample) / timing.launches_per_sample);
+      timing.us.push_back(t.time([&] { forwards[i]->launch(t.stream); }, timing.launches_per_sample) /
+                          timing.launches_per_sample);
     }
   }
-  return out;
+  return timings;
 }
 
 }  // namespace gpu
@@ -1118,7 +1169,8 @@ GemmTiming LayerTuning::time_gemm(GemmKind, const GemmChoice&, int, int) {
   fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
 }
 std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind, const std::vector<GemmChoice>&, int, int,
-                                                const std::function<void(int, int)>&) {
+                                                const std::function<void(int, int)>&,
+                                                const std::optional<GemmChoice>&) {
   fail(Errc::kUnsupported, "tuning needs the CUDA kernels; this build has none");
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "common/fail.hpp"
@@ -190,8 +191,13 @@ TuneReport tune_layer(const TuneOptions& options, const TuneProgress& progress) 
                         fmt::format("T={} {} {} (sample {}/{})", b, gemm_kind_name(job.gemm),
                                     c.family + " " + c.label, round + 1, samples));
       };
+      // Whole forwards (gpu::LayerTuning): the down GEMM's candidates beside the first GEMM's best
+      // of this bucket (the jobs of a bucket run gate/up first), the first GEMM's beside the layer's
+      // own down pick.
+      std::optional<GemmChoice> other;
+      if (job.gemm == GemmKind::kDown && entry.gate_up.us > 0) other = entry.gate_up.choice;
       const std::vector<gpu::GemmTiming> timings =
-          timer.time_gemms(job.gemm, choices, warmup, samples, on_sample);
+          timer.time_gemms(job.gemm, choices, warmup, samples, on_sample, other);
       for (std::size_t i = 0; i < job.candidates.size(); ++i) {
         const auto& c = job.candidates[i];
         TuneTiming t;
@@ -245,10 +251,11 @@ std::string TuneReport::to_string() const {
       }
       s += fmt::format("\nbucket T={} ({} to {} tokens), {}: {} candidate(s) timed\n", e.bucket, e.bucket,
                        2 * e.bucket - 1, gemm_kind_name(kind), n);
-      s += fmt::format("    {:<30}{:>12}{:>14}\n", "config", "est. us", "measured us");
+      // est. us: the planner's estimate of the GEMM; forward us: the whole forward measured with it.
+      s += fmt::format("    {:<30}{:>12}{:>14}\n", "config", "est. us", "forward us");
       s += rows;
       if (pick != nullptr && best.us > 0) {
-        s += fmt::format("  fastest: {} {:.2f} us, {:.2f}x the layer's pick ({:.2f} us)\n",
+        s += fmt::format("  fastest: {} {:.2f} us a forward, {:.2f}x the layer's pick ({:.2f} us)\n",
                          gemm_choice_label(best.choice), best.us, pick->median_us / best.us, pick->median_us);
       }
     }
