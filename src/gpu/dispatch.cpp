@@ -93,8 +93,15 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   // launch ends with the later ones (PERF.md, timeline). On the H200 16-warp CTAs with the same
   // K split and stages made the layer 1.025x faster at T=4, 1.028x at T=16 and 1.038x at T=64
   // (2026-11-30, history); at T=1, where the first GEMM splits K 4 ways, they were not faster.
+  // With a 4-way split from 4 tokens too: the tuner timing whole forwards (2026-12-02) took one
+  // 16-warp CTA over four 4-warp ones for Qwen3-235B's first GEMM at T=8 (1.05x) and
+  // DeepSeek-V3's at T=16 (1.04x, with an 8-way split), and kept the four at T=1-2. In the layer
+  // (H200, same day, alternated twice) that made Qwen3-235B 1.056x faster at T=4 and 1.040x at
+  // T=8, Mixtral-8x7B 1.074x / 1.011x / 1.010x at T = 4 / 8 / 16, GLM-4.5 1.007x / 0.988x / 1.021x,
+  // DeepSeek-V3 1.012x at T=16 (GLM-5 never splits 4 ways from T=4: unchanged).
   // Only where that was measured: Hopper (the devices that run the wgmma kernel).
-  if (limits.wgmma && k_split <= 2 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
+  if (limits.wgmma && (k_split <= 2 || (k_split == 4 && tokens >= 4)) &&
+      StreamGemmLayout::max_warps(n_tiles) >= 16) {
     StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
     if (StreamGemmLayout::cta_bytes(one) <= budget_for(1) && one.stages >= c.stages) {
       // Without a K split, 3 stages rather than the 4 that fit: on the H200 (GLM-5, 2026-11-30,
