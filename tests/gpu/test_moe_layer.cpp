@@ -197,9 +197,10 @@ TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
       {RouterKind::kTopKSoftmax, 128, 2, 0},      {RouterKind::kTopKSoftmax, 200, 8, 128},
       {RouterKind::kSigmoidGroupTopK, 256, 8, 0},
   };
-  const std::vector<GemmChoice> gemm1 = {GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3},
-                                         GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 1},
-                                         GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}};
+  // The last: the dispatcher's pick for a 4-way split from T=4 since aaee0b8 (one 16-warp CTA).
+  const std::vector<GemmChoice> gemm1 = {
+      GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3}, GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 1},
+      GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}, GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 4}};
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& c = cases[ci];
     LayerDesc d = small_desc(c.router);
