@@ -199,14 +199,9 @@ struct MoeLayer::Impl {
     std::lock_guard<std::mutex> lock(decisions_mu);
     const auto it = decisions.find(tokens);
     if (it != decisions.end()) return it->second;
-    Decision d;
-    d.choice[0] = pick(tokens, gpu::Gemm::kGateUp).choice;
-    d.choice[1] = pick(tokens, gpu::Gemm::kDown).choice;
-    d.tails[0] = tails(tokens, gpu::Gemm::kGateUp, d.choice[0]);
-    d.tails[1] = tails(tokens, gpu::Gemm::kDown, d.choice[1]);
-    d.small_max = small_max(tokens, d.choice[0]);
-    d.fused_routing = fused_routing(tokens, d.choice[0], d.choice[1], d.tails, d.small_max);
-    return decisions.emplace(tokens, d).first->second;
+    return decisions
+        .emplace(tokens, decision_with(tokens, gpu::Gemm::kGateUp, pick(tokens, gpu::Gemm::kGateUp).choice))
+        .first->second;
   }
 
   // Whether a forward of T tokens under these choices runs the fused decode path: the stream
@@ -1088,9 +1083,9 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
       GemmTiming& timing = timings[i];
       if (r == 0) {
         // Whole forwards with the choice in place of the layer's pick for this GEMM (the other GEMM
-        // as the layer picks it): the routing, the tail and small-expert launches, PDL and finalize
-        // a forward runs with it. (Timed alone, a GEMM missed what the forward overlaps, and small
-        // layers' weights stayed in L2 between launches: gpt-oss-120b's tuned picks made its layer
+        // as the layer picks it, or as `other`): the routing, the tail and small-expert launches,
+        // PDL and finalize a forward runs with it. (Timed alone, a GEMM missed what the forward overlaps, and
+        // small layers' weights stayed in L2 between launches: gpt-oss-120b's tuned picks made its layer
         // 3-10% slower, PERF.md.)
         const MoeLayer::Impl::Decision decision =
             m.decision_with(t.tokens, g, choices[i], other ? &*other : nullptr);
