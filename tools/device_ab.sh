@@ -5,8 +5,10 @@
 # ratio of the medians of runs. Optionally `fp4moe tune --max-configs 1` per build: the
 # dispatcher's GEMM configurations timed alone.
 #
-# Usage: tools/device_ab.sh BASE_BIN NEW_BIN
-# Environment: FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
+# Usage: tools/device_ab.sh BASE_BIN NEW_BIN (the same binary twice to compare environments)
+# Environment: FP4MOE_AB_BASE_ENV / FP4MOE_AB_NEW_ENV (VAR=value ... set for that side's runs only,
+# e.g. FP4MOE_AB_NEW_ENV=FP4MOE_TUNE_CACHE=/tmp/tune.json FP4MOE_AB_BASE_ENV=FP4MOE_TUNE_CACHE=/none
+# to measure what a tune cache gains), FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
 # "--no-baseline --iterations 30"; with --sustain S the summary adds the back-to-back times and the
 # energy per forward), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
 # OUT (default ./device-out). Writes ab.txt (the summary), ab-{base,new}-N.json and, when tuning,
@@ -21,13 +23,19 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 runs=${FP4MOE_AB_RUNS:-2}
 read -r -a args <<< "${FP4MOE_AB_BENCH_ARGS:---no-baseline --iterations 30}"
+read -r -a base_env <<< "${FP4MOE_AB_BASE_ENV:-}"
+read -r -a new_env <<< "${FP4MOE_AB_NEW_ENV:-}"
 status=0
 for ((r = 1; r <= runs; ++r)); do
   for side in base new; do
     bin=$base
-    [ "$side" = new ] && bin=$new
-    echo "== $side run $r: $bin bench ${args[*]}"
-    "$bin" bench "${args[@]}" --json "$OUT/ab-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
+    side_env=("${base_env[@]}")
+    if [ "$side" = new ]; then
+      bin=$new
+      side_env=("${new_env[@]}")
+    fi
+    echo "== $side run $r: ${side_env[*]} $bin bench ${args[*]}"
+    env "${side_env[@]}" "$bin" bench "${args[@]}" --json "$OUT/ab-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
       echo "BENCH FAILED ($side run $r)"; tail -5 "/tmp/ab-$side-$r.err"; status=1; }
   done
 done
