@@ -19,24 +19,37 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
   const double active = desc.expected_active_experts(tokens);
   const double per_expert = static_cast<double>(tokens * desc.top_k) / active;
   const int n_tiles = per_expert <= 8.0 ? 1 : (per_expert <= 16.0 ? 2 : 4);
-  // 64 rows per item where registers allow: the per-chunk overhead (waits, addresses, the
-  // activation loads) is then shared by four weight tiles.
-  const int m_tiles = n_tiles == 4 ? 2 : 4;
-
   // Split K over as many warps as it takes to give every resident warp work: at T=1 GLM-5's
   // first GEMM has 8 experts + 1 shared x 64 row groups = 576 items for 16 x 132 resident warps.
   const std::int64_t rows = which == Gemm::kGateUp ? 2 * desc.intermediate : desc.hidden;
   const std::int64_t k = which == Gemm::kGateUp ? desc.hidden : desc.intermediate;
   const std::int64_t tiles = kernels::WeightLayout::groups(rows) * kernels::WeightLayout::kTilesPerGroup;
   const std::int64_t chunks = kernels::WeightLayout::chunks(k);
-  // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
-  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue). The shared
-  // expert's pieces see every token.
-  const double row_blocks = static_cast<double>(tiles / m_tiles);
+  // Work items (token blocks x row blocks of m_tiles tiles). The shared expert's pieces see every
+  // token.
   const double pieces = static_cast<double>(desc.shared_pieces());
-  const double items = (active * std::ceil(per_expert / (8.0 * n_tiles)) +
-                        pieces * std::ceil(static_cast<double>(tokens) / (8.0 * n_tiles))) *
-                       row_blocks;
+  const auto items_of = [&](int m_tiles) {
+    return (active * std::ceil(per_expert / (8.0 * n_tiles)) +
+            pieces * std::ceil(static_cast<double>(tokens) / (8.0 * n_tiles))) *
+           static_cast<double>(tiles / m_tiles);
+  };
+  // 64 rows per item where registers allow: the per-chunk overhead (waits, addresses, the
+  // activation loads) is then shared by four weight tiles. But 32 for the down GEMM on Hopper at
+  // 1-2 tokens where 64-row items would be at most 8 per SM: each warp's chain of chunks is then
+  // what takes the time (part of the weights are in L2, prefetched during the first GEMM); half the
+  // rows per item halve it and give twice the items to spread (and a smaller K split). The
+  // in-layer tuner (2026-12-02, H200) took 32-row down items at T=1 for all five small layers it
+  // ran (gpt-oss-120b, Qwen3-235B, Qwen3-30B, Mixtral-8x7B, GLM-4.5). In the layer (H200, against
+  // 99d532a, alternated three times): T=1 gpt-oss-120b 1.051x, Mixtral 1.175x, Qwen3-30B 1.030x,
+  // Qwen3-235B 1.032x, GLM-4.5 1.014x, DeepSeek-V3 1.014x, GLM-5 0.995x; T=2 gpt-oss-120b 1.058x,
+  // Qwen3-235B 1.015x, Mixtral 1.009x, Qwen3-30B 1.001x. With more than 8 items per SM (GLM-4.5,
+  // DeepSeek-V3 at T=2) 0.99x; at T=4 gpt-oss-120b 0.958x and Mixtral 0.982x (Qwen3-30B 1.036x).
+  const bool short_down = limits.wgmma && which == Gemm::kDown && n_tiles == 1 && tokens <= 2 &&
+                          items_of(4) <= 8.0 * static_cast<double>(limits.sm_count);
+  const int m_tiles = n_tiles == 4 || short_down ? 2 : 4;
+  const double items = items_of(m_tiles);
+  // Cost of a split, in chunks a warp streams: rounds of items x (chunks per item + a fixed
+  // per-item cost of about 4 chunks: pipeline fill, the reduction and the epilogue).
   // A 3-way split runs as one CTA of 15 warps per SM (five groups), only where measured: Hopper.
   const bool three_way = limits.wgmma && StreamGemmLayout::max_warps(n_tiles) >= 15;
   int k_split = 1;
@@ -69,6 +82,13 @@ StreamGemmConfig choose_stream_config(const LayerDesc& desc, std::int64_t tokens
     }
     return c;
   };
+  if (short_down && k_split != 3 && StreamGemmLayout::max_warps(n_tiles) >= 16) {
+    // As one 16-warp CTA with a 4-stage ring (the tuner's picks: 16 or 8 warps, 3-4 stages; a ring
+    // of m4's bytes in flight).
+    StreamGemmConfig one = deepest({m_tiles, n_tiles, 2, 16, k_split}, budget_for(1));
+    one.stages = std::min(one.stages, 4);
+    if (StreamGemmLayout::cta_bytes(one) <= budget_for(1)) return one;
+  }
   if (k_split == 3) {
     // GLM-5's first GEMM at T=1: 576 items in one round on 660 groups (32 chunks a warp) instead
     // of a 4-way split's 528 groups, 48 of which took a second item (PERF.md, timeline); at T=2,

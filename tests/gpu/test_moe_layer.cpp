@@ -263,21 +263,27 @@ TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
 }
 
 // The fused path on one small layer (the sanitizers' case: compute-sanitizer runs it in
-// tools/device_check.sh): a shared expert, a K split, T = 1, 5 and 16, one expert taking every token.
+// tools/device_check.sh): a shared expert, a K split, T = 1, 5 and 16, one expert taking every token;
+// the down GEMM on 64-row items in two 8-warp CTAs, then on 32-row items in one 16-warp CTA (the
+// dispatcher's pick at T <= 2 on Hopper).
 TEST(GpuMoeLayer, FusedRoutingOnATinyLayer) {
   FP4MOE_SKIP_WITHOUT_GPU();
   LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
   d.shared_intermediate = 128;
   const LayerWeights w = random_layer_weights(d, 2300);
-  MoeLayerOptions o;
-  o.max_tokens = 16;
-  o.gemm1 = GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3};
-  o.gemm2 = GemmChoice{GemmKernel::kStream, 4, 1, 3, 8, 2};
-  const MoeLayer layer(w, o);
-  for (const std::int64_t T : {1, 5, 16}) {
-    ASSERT_NE(layer.plan_summary(T).find("(fused)"), std::string::npos) << layer.plan_summary(T);
-    expect_matches_reference(w, layer, T, 2400 + static_cast<std::uint64_t>(T));
-    expect_matches_reference(w, layer, T, 2500 + static_cast<std::uint64_t>(T), 3);
+  for (const GemmChoice gemm2 :
+       {GemmChoice{GemmKernel::kStream, 4, 1, 3, 8, 2}, GemmChoice{GemmKernel::kStream, 2, 1, 4, 16, 4}}) {
+    SCOPED_TRACE(gemm2.to_string());
+    MoeLayerOptions o;
+    o.max_tokens = 16;
+    o.gemm1 = GemmChoice{GemmKernel::kStream, 4, 1, 2, 15, 3};
+    o.gemm2 = gemm2;
+    const MoeLayer layer(w, o);
+    for (const std::int64_t T : {1, 5, 16}) {
+      ASSERT_NE(layer.plan_summary(T).find("(fused)"), std::string::npos) << layer.plan_summary(T);
+      expect_matches_reference(w, layer, T, 2400 + static_cast<std::uint64_t>(T));
+      expect_matches_reference(w, layer, T, 2500 + static_cast<std::uint64_t>(T), 3);
+    }
   }
 }
 
@@ -1000,7 +1006,8 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
   EXPECT_GE(built, 15);
 }
 
-// Real model shapes of FORMATS.md at small T (full-size weights: a few GB each).
+// Real model shapes of FORMATS.md at small T (full-size weights: a few GB each), with the
+// dispatcher's picks.
 class GpuRealShapes : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuRealShapes, MatchesReference) {
@@ -1008,7 +1015,8 @@ TEST_P(GpuRealShapes, MatchesReference) {
   const LayerDesc d = layer_preset(GetParam());
   const LayerWeights w = random_layer_weights(d, 20);
   const MoeLayer layer(w);
-  for (std::int64_t t : {1, 3}) expect_matches_reference(w, layer, t, 2000 + static_cast<std::uint64_t>(t));
+  for (std::int64_t t : {1, 2, 3})
+    expect_matches_reference(w, layer, t, 2000 + static_cast<std::uint64_t>(t));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuRealShapes,

@@ -188,12 +188,32 @@ TEST(LayerPlan, TheDispatcherSplitsKThreeWaysWhereThatTakesOneRound) {
   // One 16-warp CTA per SM without a K split takes 3 stages, not the 4 that fit (PERF.md history).
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kGateUp, a)), "m4 n1 k1 s3 w16");
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 64, GemmKind::kDown, a)), "m4 n1 k1 s3 w16");
-  EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(g, 2, GemmKind::kDown, a)), "m4 n1 k1 s3 w16");
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 4, GemmKind::kDown, a)), "m4 n1 k2 s3 w16");
   // Without the shared expert T=1 has 512 items: a 4-way split's 528 groups take them in one round.
   EXPECT_EQ(gemm_choice_label(dispatcher(glm5(), 1, GemmKind::kGateUp, a)), "m4 n1 k4 s3 w4");
   // Not where it was not measured: sm_89 splits T=1's first GEMM 8 ways in 8-warp CTAs.
   EXPECT_EQ(gemm_choice_label(dispatcher(g, 1, GemmKind::kGateUp, arch_by_name("sm_89"))), "m4 n1 k8 s2 w8");
+}
+
+TEST(LayerPlan, TheDispatchersDownGemmAtOneOrTwoTokensTakes32RowItemsWhereTheyAreFew) {
+  const auto& a = arch_by_name("sm_90");
+  const LayerDesc gpt_oss = layer_preset("gpt-oss-120b");
+  const LayerDesc mixtral = layer_preset("mixtral-8x7b");
+  // One 16-warp CTA with a 4-stage ring, K split by the same cost model over twice the items.
+  EXPECT_EQ(gemm_choice_label(dispatcher(gpt_oss, 1, GemmKind::kDown, a)), "m2 n1 k4 s4 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(gpt_oss, 2, GemmKind::kDown, a)), "m2 n1 k2 s4 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(mixtral, 1, GemmKind::kDown, a)), "m2 n1 k8 s4 w16");
+  EXPECT_EQ(gemm_choice_label(dispatcher(layer_preset("glm5"), 1, GemmKind::kDown, a)), "m2 n1 k1 s4 w16");
+  // Not from T=3 (measured slower at T=4), nor with more than 8 64-row items per SM (GLM-5 at T=2:
+  // 18 x 96), nor for the first GEMM, nor where it was not measured (sm_89).
+  for (const std::int64_t t : {3, 4, 8}) {
+    EXPECT_EQ(dispatcher(gpt_oss, t, GemmKind::kDown, a).m_tiles, 4) << t;
+    EXPECT_EQ(dispatcher(mixtral, t, GemmKind::kDown, a).m_tiles, 4) << t;
+  }
+  EXPECT_EQ(dispatcher(layer_preset("glm5"), 2, GemmKind::kDown, a).m_tiles, 4);
+  EXPECT_EQ(dispatcher(gpt_oss, 1, GemmKind::kGateUp, a).m_tiles, 4);
+  EXPECT_EQ(dispatcher(gpt_oss, 1, GemmKind::kDown, arch_by_name("sm_89")).m_tiles, 4);
 }
 
 TEST(LayerPlan, ARejectedDispatcherConfigFallsBackToThePlannersCheapest) {
