@@ -260,6 +260,39 @@ std::string TuneReport::to_string() const {
       }
     }
   }
+  // One line per bucket: what the cache changes and what it gains a whole forward. The layer's own
+  // forward is gate/up's row for its pick (the down GEMM as the layer picks it); the cache's is the
+  // down GEMM's fastest row, timed beside gate/up's fastest.
+  std::string summary;
+  for (const auto& e : entries) {
+    const auto find = [&](GemmKind kind, auto&& match) -> const TuneTiming* {
+      for (const auto& t : timings) {
+        if (t.bucket == e.bucket && t.gemm == kind && match(t)) return &t;
+      }
+      return nullptr;
+    };
+    const auto change = [&](GemmKind kind, const TunedGemm& best) -> std::string {
+      const TuneTiming* pick = find(kind, [](const TuneTiming& t) { return t.layer_pick; });
+      const TuneTiming* fastest = find(kind, [&](const TuneTiming& t) { return t.choice == best.choice; });
+      if (fastest == nullptr) return "-";
+      if (pick == nullptr) return fastest->label;
+      return pick == fastest ? pick->label + " (kept)" : pick->label + " -> " + fastest->label;
+    };
+    const TuneTiming* own = find(GemmKind::kGateUp, [](const TuneTiming& t) { return t.layer_pick; });
+    std::string forward = "-";
+    if (own != nullptr && e.down.us > 0) {
+      forward =
+          fmt::format("{:.2f} -> {:.2f} us ({:.2f}x)", own->median_us, e.down.us, own->median_us / e.down.us);
+    }
+    summary += fmt::format("  T={:<6} gate/up {}; down {}; a forward {}\n", e.bucket,
+                           change(GemmKind::kGateUp, e.gate_up), change(GemmKind::kDown, e.down), forward);
+  }
+  if (!summary.empty()) {
+    s +=
+        "\nsummary, per bucket: the layer's pick -> the cache's, and a whole forward with each (> 1.00x: the "
+        "cache is faster)\n" +
+        summary;
+  }
   return s;
 }
 

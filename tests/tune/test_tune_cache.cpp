@@ -465,6 +465,45 @@ TEST(TuneCandidates, NothingFeasibleNothingTimed) {
   EXPECT_TRUE(tune_candidates(plan, 0).empty());
 }
 
+// The report ends with one line per bucket: the layer's pick -> the tuned one per GEMM, and the
+// whole forward with the layer's picks (gate/up's pick row) against the cache's (down's fastest).
+TEST(TuneReport, EndsWithAPerBucketSummary) {
+  const GemmChoice a{GemmKernel::kStream, 4, 1, 3, 4, 4}, b{GemmKernel::kStream, 4, 1, 2, 16, 4};
+  const GemmChoice c{GemmKernel::kStream, 4, 1, 3, 8, 8}, d{GemmKernel::kStream, 2, 1, 4, 16, 4};
+  TuneReport r;
+  r.metadata = h200();
+  r.cache_path = "/tmp/tune.json";
+  const auto timing = [](GemmKind g, GemmChoice ch, const char* label, double us, bool pick) {
+    TuneTiming t;
+    t.bucket = 1;
+    t.gemm = g;
+    t.choice = ch;
+    t.label = label;
+    t.median_us = us;
+    t.layer_pick = pick;
+    return t;
+  };
+  r.timings = {timing(GemmKind::kGateUp, a, "stream-gemm m4 n1 k4 s3 w4", 34.0, true),
+               timing(GemmKind::kGateUp, b, "stream-gemm m4 n1 k4 s2 w16", 33.0, false),
+               timing(GemmKind::kDown, c, "stream-gemm m4 n1 k8 s3 w8", 33.2, true),
+               timing(GemmKind::kDown, d, "stream-gemm m2 n1 k4 s4 w16", 32.0, false)};
+  TuneEntry e;
+  e.bucket = 1;
+  e.gate_up = {b, 33.0};
+  e.down = {d, 32.0};
+  r.entries = {e};
+  const std::string text = r.to_string();
+  EXPECT_THAT(
+      text,
+      HasSubstr("T=1      gate/up stream-gemm m4 n1 k4 s3 w4 -> stream-gemm m4 n1 k4 s2 w16; down "
+                "stream-gemm m4 n1 k8 s3 w8 -> stream-gemm m2 n1 k4 s4 w16; a forward 34.00 -> 32.00 us "
+                "(1.06x)"))
+      << text;
+  // A pick that stays is marked so.
+  r.entries[0].gate_up = {a, 34.0};
+  EXPECT_THAT(r.to_string(), HasSubstr("gate/up stream-gemm m4 n1 k4 s3 w4 (kept); down")) << r.to_string();
+}
+
 TEST(Tune, WithoutAGpuSaysSo) {
   std::string why;
   if (!list_gpus(&why).empty()) GTEST_SKIP() << "a GPU is present (tests/gpu/test_tune.cpp tunes on it)";
