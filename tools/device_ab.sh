@@ -11,6 +11,9 @@
 # to measure what a tune cache gains), FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
 # "--no-baseline --iterations 30"; with --sustain S the summary adds the back-to-back times and the
 # energy per forward), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
+# FP4MOE_AB_SHAPES (e.g. "gpt-oss-120b:1,2,4 glm5:1,2": several layers, each with its token
+# counts, alternated shape by shape, one summary per shape in ab.txt; what a dispatcher change
+# wants, as it moves several shapes' picks; the JSON files then stay in /tmp/fp4moe-ab),
 # OUT (default ./device-out). Writes ab.txt (the summary), ab-{base,new}-N.json and, when tuning,
 # tune-{base,new}.txt; keep $OUT to 8 files (the device tool brings back at most 8).
 set -uo pipefail
@@ -26,20 +29,45 @@ read -r -a args <<< "${FP4MOE_AB_BENCH_ARGS:---no-baseline --iterations 30}"
 read -r -a base_env <<< "${FP4MOE_AB_BASE_ENV:-}"
 read -r -a new_env <<< "${FP4MOE_AB_NEW_ENV:-}"
 status=0
-for ((r = 1; r <= runs; ++r)); do
-  for side in base new; do
-    bin=$base
-    side_env=("${base_env[@]}")
-    if [ "$side" = new ]; then
-      bin=$new
-      side_env=("${new_env[@]}")
-    fi
-    echo "== $side run $r: ${side_env[*]} $bin bench ${args[*]}"
-    env "${side_env[@]}" "$bin" bench "${args[@]}" --json "$OUT/ab-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
-      echo "BENCH FAILED ($side run $r)"; tail -5 "/tmp/ab-$side-$r.err"; status=1; }
+# One alternation series: bench arguments "$@" on both sides, JSON to $1-{base,new}-N.json, the
+# summary appended to ab.txt.
+series() {
+  local prefix=$1
+  shift
+  local r side bin side_env
+  for ((r = 1; r <= runs; ++r)); do
+    for side in base new; do
+      bin=$base
+      side_env=("${base_env[@]}")
+      if [ "$side" = new ]; then
+        bin=$new
+        side_env=("${new_env[@]}")
+      fi
+      echo "== $side run $r: ${side_env[*]} $bin bench $*"
+      env "${side_env[@]}" "$bin" bench "$@" --json "$prefix-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
+        echo "BENCH FAILED ($side run $r)"; tail -5 "/tmp/ab-$side-$r.err"; status=1; }
+    done
   done
-done
-python3 tools/ab_summary.py "$OUT"/ab-base-*.json -- "$OUT"/ab-new-*.json | tee "$OUT/ab.txt" || status=1
+  python3 tools/ab_summary.py "$prefix"-base-*.json -- "$prefix"-new-*.json | tee -a "$OUT/ab.txt" || status=1
+}
+: > "$OUT/ab.txt"
+if [ -n "${FP4MOE_AB_SHAPES:-}" ]; then
+  mkdir -p /tmp/fp4moe-ab
+  for entry in $FP4MOE_AB_SHAPES; do
+    shape=${entry%%:*}
+    tokens=${entry#*:}
+    [ "$tokens" = "$entry" ] && tokens=""
+    echo "== $shape" | tee -a "$OUT/ab.txt"
+    rm -f /tmp/fp4moe-ab/"$shape"-*.json
+    if [ -n "$tokens" ]; then
+      series "/tmp/fp4moe-ab/$shape" "${args[@]}" --shape "$shape" --tokens "$tokens"
+    else
+      series "/tmp/fp4moe-ab/$shape" "${args[@]}" --shape "$shape"
+    fi
+  done
+  exit $status
+fi
+series "$OUT/ab" "${args[@]}"
 # With --sustain in the bench arguments: the back-to-back times and the energy per forward too.
 if [[ " ${args[*]} " == *" --sustain "* ]]; then
   for m in --sustained --energy; do
