@@ -13,6 +13,9 @@ medians of runs, not a ratio.
 --sustained / --energy (files from `bench --sustain S`): the back-to-back run's time per forward,
 or its energy per forward (mJ, where NVML was read), instead of the burst median; the last column
 is base / new as for the whole forward (> 1: new is faster, or uses less energy).
+
+A last line gives the range of the runs' ceilings (copy GB/s, dense BF16 TFLOP/s) where the files
+have them, which PERF.md quotes beside each comparison.
 """
 import json
 import statistics
@@ -20,6 +23,20 @@ import sys
 
 
 SUSTAINED = {"--sustained": "us_per_forward", "--energy": "mj_per_forward"}
+CEILINGS = []  # (device, ceilings) of every file read, for the closing line
+
+
+def ceilings_line():
+    """The range of both ceilings over the runs, as PERF.md quotes them beside a comparison; None if
+    no file has them."""
+    copy = [c["copy_gbps"] for _, c in CEILINGS if c.get("copy_gbps")]
+    gemm = [c["bf16_gemm_tflops"] for _, c in CEILINGS if c.get("bf16_gemm_tflops")]
+    if not copy and not gemm:
+        return None
+    span = lambda v, unit: f"{min(v):.0f}-{max(v):.0f} {unit}" if v else "not measured"
+    devices = sorted({dev for dev, _ in CEILINGS if dev})
+    return (f"ceilings in these runs: copy {span(copy, 'GB/s')}, dense BF16 GEMM {span(gemm, 'TFLOP/s')}"
+            + (f" ({', '.join(devices)})" if devices else ""))
 
 
 def load(paths, stage, sustained):
@@ -43,6 +60,7 @@ def load(paths, stage, sustained):
             what = "sustained run" if sustained == "--sustained" else "energy per forward (NVML not read)"
             raise SystemExit(f"ab_summary: {p} has no {what} (run `fp4moe bench --sustain S`)")
         runs.append((d.get("commit", "?"), values))
+        CEILINGS.append((d.get("device"), d.get("ceilings") or {}))
     return runs
 
 
@@ -82,6 +100,9 @@ def main(argv):
         else:
             cmp = f"{statistics.median(n) - statistics.median(b):+8.1f}"
         print(f"{t:>7}  {''.join(f'{v:9.1f}' for v in b)}  {''.join(f'{v:9.1f}' for v in n)}  {cmp}")
+    line = ceilings_line()
+    if line:
+        print(line)
     return 0
 
 

@@ -10,12 +10,16 @@ import tempfile
 TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "ab_summary.py"
 
 
-def bench_json(path, commit, forward_us, finalize_us, sustained=None):
+def bench_json(path, commit, forward_us, finalize_us, sustained=None, ceilings=None):
     rows = [{"tokens": t, "fp4moe": {"median_us": f}, "stages_us": {"finalize": s}}
             for t, f, s in zip((1, 4), forward_us, finalize_us)]
     for row, (us, mj) in zip(rows, sustained or []):
         row["sustained"] = {"us_per_forward": us, "mj_per_forward": mj}
-    path.write_text(json.dumps({"commit": commit, "rows": rows}))
+    d = {"commit": commit, "rows": rows}
+    if ceilings:
+        d["device"] = "NVIDIA H200"
+        d["ceilings"] = {"copy_gbps": ceilings[0], "bf16_gemm_tflops": ceilings[1]}
+    path.write_text(json.dumps(d))
     return str(path)
 
 
@@ -56,6 +60,17 @@ def main():
         lines = energy.stdout.splitlines()
         # T=4's new energy was not read (null): only T=1 is compared, medians 40 / 40
         assert len(lines) == 3 and lines[2].endswith(f"{40.0 / 40.0:7.3f}x"), energy.stdout
+        # With the ceilings in the files: a last line with their range over every run.
+        cb = [bench_json(d / f"cb{i}.json", "aaa", (80.0, 200.0), (3.0, 6.0), ceilings=(4230.4 + i, 781.0))
+              for i in range(2)]
+        cn = [bench_json(d / f"cn{i}.json", "bbb", (78.0, 190.0), (2.0, 4.0), ceilings=(4190.0, 797.2 - i))
+              for i in range(2)]
+        with_ceilings = run(*cb, "--", *cn)
+        assert with_ceilings.returncode == 0, with_ceilings.stderr
+        assert with_ceilings.stdout.splitlines()[-1] == (
+            "ceilings in these runs: copy 4190-4231 GB/s, dense BF16 GEMM 781-797 TFLOP/s (NVIDIA H200)"
+        ), with_ceilings.stdout
+        assert "ceilings" not in whole.stdout, whole.stdout
         usage = run(*base)
         assert usage.returncode == 2 and "ab_summary.py" in usage.stderr, usage.stderr
     print("ab_summary: ok")
