@@ -1093,8 +1093,12 @@ std::vector<GemmTiming> LayerTuning::time_gemms(GemmKind which, const std::vecto
         for (int set = 0; set < Impl::kSets; ++set) {
           const Bf16* x = reinterpret_cast<const Bf16*>(t.x[set].as<std::uint16_t>());
           const float* logits = t.logits[set].as<float>();
-          // Once eagerly (sets the kernels up outside the capture), then captured.
-          m.run(t.stream, x, logits, nullptr, nullptr, out, t.tokens, {}, ForwardStage::kFinalize, &decision);
+          // The first set once eagerly (sets the kernels up outside the capture: the same kernels
+          // for every set), then each set captured.
+          if (set == 0) {
+            m.run(t.stream, x, logits, nullptr, nullptr, out, t.tokens, {}, ForwardStage::kFinalize,
+                  &decision);
+          }
           FP4MOE_CUDA_CHECK(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeThreadLocal));
           m.run(t.stream, x, logits, nullptr, nullptr, out, t.tokens, {}, ForwardStage::kFinalize, &decision);
           FP4MOE_CUDA_CHECK(cudaStreamEndCapture(t.stream, &f->graph[set]));
