@@ -19,12 +19,31 @@ namespace fp4moe::bench {
 TimeStats summarize(std::vector<double> us) {
   TimeStats s;
   if (us.empty()) return s;
+  s.samples_us = us;
   std::sort(us.begin(), us.end());
   s.runs = static_cast<int>(us.size());
   s.min_us = us.front();
   s.max_us = us.back();
   s.median_us = us.size() % 2 ? us[us.size() / 2] : 0.5 * (us[us.size() / 2 - 1] + us[us.size() / 2]);
   return s;
+}
+
+std::optional<ClockSplit> clock_split(const TimeStats& t) {
+  if (t.samples_us.empty() || t.sm_clock_mhz.size() != t.samples_us.size()) return std::nullopt;
+  ClockSplit c;
+  std::vector<int> mhz = t.sm_clock_mhz;
+  std::sort(mhz.begin(), mhz.end());
+  c.min_mhz = mhz.front();
+  c.max_mhz = mhz.back();
+  c.median_mhz = mhz[mhz.size() / 2];
+  std::vector<double> top, below;
+  for (std::size_t i = 0; i < t.samples_us.size(); ++i)
+    (t.sm_clock_mhz[i] == c.max_mhz ? top : below).push_back(t.samples_us[i]);
+  c.runs_at_max = static_cast<int>(top.size());
+  c.runs_below = static_cast<int>(below.size());
+  c.median_us_at_max = summarize(top).median_us;
+  c.median_us_below = summarize(below).median_us;
+  return c;
 }
 
 std::string utc_date() {
@@ -125,6 +144,20 @@ std::string format_table(const BenchReport& r) {
           row.baseline.measured() ? fmt::format("{:.2f}x", row.baseline.median_us / t) : "-");
     }
     if (!r.baseline_name.empty()) s += fmt::format("baseline: {}\n", r.baseline_name);
+    if (r.trace_clock && !r.clock_note.empty()) s += fmt::format("clock not traced: {}\n", r.clock_note);
+    if (r.trace_clock && r.clock_note.empty()) {
+      s += "SM clock after each timed run of fp4moe (MHz), and the runs' median at the highest clock "
+           "seen and below it:\n";
+      s += fmt::format("{:>6} {:>7} {:>7} {:>7} {:>10} {:>10} {:>10} {:>10}\n", "tokens", "min", "median",
+                       "max", "runs @max", "us @max", "runs below", "us below");
+      for (const auto& row : r.rows) {
+        const std::optional<ClockSplit> c = clock_split(row.fp4moe);
+        if (!c) continue;
+        s += fmt::format("{:>6} {:>7} {:>7} {:>7} {:>10} {:>10.1f} {:>10} {:>10}\n", row.tokens, c->min_mhz,
+                         c->median_mhz, c->max_mhz, c->runs_at_max, c->median_us_at_max, c->runs_below,
+                         c->runs_below > 0 ? fmt::format("{:.1f}", c->median_us_below) : "-");
+      }
+    }
     const bool sustained = std::any_of(r.rows.begin(), r.rows.end(),
                                        [](const BenchRow& row) { return row.sustained.has_value(); });
     if (sustained) {
@@ -208,6 +241,8 @@ nlohmann::json to_json(const BenchReport& r) {
   j["caller_routing"] = r.caller_routing;
   j["sustain_s"] = r.sustain_s;
   if (r.sustain_s > 0.0) j["energy_note"] = r.energy_note;
+  j["trace_clock"] = r.trace_clock;
+  if (r.trace_clock) j["clock_note"] = r.clock_note;
   j["ceilings"] = {{"copy_gbps", r.copy_gbps}, {"bf16_gemm_tflops", r.bf16_tflops}};
   j["baseline"] = r.baseline_name;
   // Energy figures are null where the counter was not read.
@@ -223,8 +258,13 @@ nlohmann::json to_json(const BenchReport& r) {
                           {"mj_per_forward", or_null(u.mj_per_forward())}};
   };
   auto stats_json = [](const TimeStats& s) {
-    return nlohmann::json{
-        {"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}, {"runs", s.runs}};
+    nlohmann::json x{{"median_us", s.median_us},
+                     {"min_us", s.min_us},
+                     {"max_us", s.max_us},
+                     {"runs", s.runs},
+                     {"samples_us", s.samples_us}};
+    if (!s.sm_clock_mhz.empty()) x["sm_clock_mhz"] = s.sm_clock_mhz;
+    return x;
   };
   for (const auto& row : r.rows) {
     nlohmann::json x{{"tokens", row.tokens},     {"active_experts", row.active_experts},

@@ -39,6 +39,10 @@ struct BenchOptions {
   // (an engine's steady load, where the GPU may run at its power cap): the time per forward, and
   // the energy per forward where the GPU's energy counter can be read (GPU only).
   double sustain_s = 0.0;
+  // Read the SM clock (NVML) after every timed run of the layer, into the JSON beside each run's
+  // time: whether a slow run ran at a lower clock, e.g. once the GPU reached its power cap (GPU
+  // only; the read adds a few microseconds of idle between runs).
+  bool trace_clock = false;
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };
@@ -48,6 +52,8 @@ struct TimeStats {
   double min_us = 0.0;
   double max_us = 0.0;
   int runs = 0;
+  std::vector<double> samples_us;  // every run's time, in run order (JSON only)
+  std::vector<int> sm_clock_mhz;   // with BenchOptions::trace_clock: the SM clock after each run
   bool measured() const { return runs > 0; }
 };
 
@@ -101,13 +107,24 @@ struct BenchReport {
   bool caller_routing = false;  // BenchOptions::caller_routing: forward_routed was timed
   double sustain_s = 0.0;       // BenchOptions::sustain_s
   std::string energy_note;      // with sustain_s: why the energy was not measured ("" when it was)
+  bool trace_clock = false;     // BenchOptions::trace_clock
+  std::string clock_note;       // with trace_clock: why the clock was not read ("" when it was)
   std::vector<BenchRow> rows;
 };
 
 using Progress = std::function<void(const std::string&)>;
 
-// Median, min and max of run times (microseconds).
+// Median, min and max of run times (microseconds); the times themselves kept in run order.
 TimeStats summarize(std::vector<double> us);
+// A clock trace (TimeStats::sm_clock_mhz) read against the times: the clock's range and the runs
+// at the highest clock seen against the others (median times; 0 runs: median 0).
+struct ClockSplit {
+  int min_mhz = 0, median_mhz = 0, max_mhz = 0;
+  int runs_at_max = 0, runs_below = 0;
+  double median_us_at_max = 0.0, median_us_below = 0.0;
+};
+// nullopt unless every run has a clock reading.
+std::optional<ClockSplit> clock_split(const TimeStats& t);
 // Today's date, UTC, as YYYY-MM-DD.
 std::string utc_date();
 

@@ -13,11 +13,13 @@ struct EnergyCounter::Api {
   using ShutdownFn = int (*)();
   using ByBusIdFn = int (*)(const char*, Device*);
   using EnergyFn = int (*)(Device, unsigned long long*);
+  using ClockFn = int (*)(Device, int, unsigned*);  // (device, nvmlClockType_t, MHz)
   using ErrorStringFn = const char* (*)(int);
 
   void* lib = nullptr;
   ShutdownFn shutdown = nullptr;
   EnergyFn energy = nullptr;
+  ClockFn clock = nullptr;  // optional
   Device device = nullptr;
   bool initialized = false;
 
@@ -47,6 +49,7 @@ std::unique_ptr<EnergyCounter> EnergyCounter::open(const std::string& pci_bus_id
   api->shutdown = symbol<Api::ShutdownFn>(api->lib, "nvmlShutdown");
   const auto by_bus_id = symbol<Api::ByBusIdFn>(api->lib, "nvmlDeviceGetHandleByPciBusId_v2");
   api->energy = symbol<Api::EnergyFn>(api->lib, "nvmlDeviceGetTotalEnergyConsumption");
+  api->clock = symbol<Api::ClockFn>(api->lib, "nvmlDeviceGetClockInfo");
   const auto error_string = symbol<Api::ErrorStringFn>(api->lib, "nvmlErrorString");
   if (!init || !api->shutdown || !by_bus_id || !api->energy) {
     *why = "libnvidia-ml.so.1 lacks the entry points of the energy counter";
@@ -79,6 +82,13 @@ std::optional<std::uint64_t> EnergyCounter::millijoules() const {
   unsigned long long mj = 0;
   if (api_->energy(api_->device, &mj) != 0) return std::nullopt;
   return static_cast<std::uint64_t>(mj);
+}
+
+std::optional<unsigned> EnergyCounter::sm_clock_mhz() const {
+  constexpr int kClockSm = 1;  // NVML_CLOCK_SM
+  unsigned mhz = 0;
+  if (api_->clock == nullptr || api_->clock(api_->device, kClockSm, &mhz) != 0) return std::nullopt;
+  return mhz;
 }
 
 }  // namespace fp4moe::bench

@@ -1,5 +1,6 @@
 // A GPU's energy counter, for `fp4moe bench --sustain`: NVML's total energy consumption (mJ since
-// the driver loaded, Volta and newer), read through libnvidia-ml.so.1, which the NVIDIA driver
+// the driver loaded, Volta and newer), and its SM clock, for `--trace-clock`; read through
+// libnvidia-ml.so.1, which the NVIDIA driver
 // installs. The library is loaded at run time (dlopen): the build needs no NVML header or stub, and
 // a machine without the driver's library still runs every other part of the bench.
 #pragma once
@@ -22,6 +23,9 @@ class EnergyCounter {
 
   // Millijoules since the driver loaded; nullopt when the read fails.
   std::optional<std::uint64_t> millijoules() const;
+  // The SM clock now, in MHz (nvmlDeviceGetClockInfo, NVML_CLOCK_SM); nullopt when the driver's
+  // library lacks the call or the read fails.
+  std::optional<unsigned> sm_clock_mhz() const;
 
   struct Api;  // the NVML entry points (energy.cpp)
 

@@ -119,13 +119,22 @@ class Graph {
 };
 
 // Times replays of graphs[i % n]: warm-up, then one event pair around each replay.
-TimeStats time_graphs(const std::vector<Graph>& graphs, cudaStream_t s, int warmup, int iterations) {
+// With `clock`, the SM clock is read after each timed run (the run has ended: Events::time waits
+// for it).
+TimeStats time_graphs(const std::vector<Graph>& graphs, cudaStream_t s, int warmup, int iterations,
+                      const EnergyCounter* clock = nullptr) {
   Events ev;
   for (int i = 0; i < warmup * static_cast<int>(graphs.size()); ++i) graphs[i % graphs.size()].launch(s);
   FP4MOE_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> us;
-  for (int i = 0; i < iterations; ++i) us.push_back(ev.time(s, [&] { graphs[i % graphs.size()].launch(s); }));
-  return summarize(us);
+  std::vector<int> mhz;
+  for (int i = 0; i < iterations; ++i) {
+    us.push_back(ev.time(s, [&] { graphs[i % graphs.size()].launch(s); }));
+    if (clock != nullptr) mhz.push_back(static_cast<int>(clock->sm_clock_mhz().value_or(0)));
+  }
+  TimeStats t = summarize(us);
+  t.sm_clock_mhz = std::move(mhz);
+  return t;
 }
 
 // Replays graphs[i % n] back to back for about `seconds` (the count from the burst median
@@ -414,12 +423,23 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   r.bf16_tflops = measure_bf16_tflops(handle, s);
   cublasDestroy(handle);
   r.sustain_s = options.sustain_s;
+  r.trace_clock = options.trace_clock;
   std::unique_ptr<EnergyCounter> energy;
-  if (options.sustain_s > 0.0) {
+  if (options.sustain_s > 0.0 || options.trace_clock) {
     char bus[64] = {};
     FP4MOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
-    energy = EnergyCounter::open(bus, &r.energy_note);
+    std::string why;
+    energy = EnergyCounter::open(bus, &why);
+    if (options.sustain_s > 0.0) r.energy_note = why;
+    if (options.trace_clock) {
+      r.clock_note = why;
+      if (energy != nullptr && !energy->sm_clock_mhz()) {
+        r.clock_note = "NVML's SM clock (nvmlDeviceGetClockInfo) cannot be read";
+      }
+    }
   }
+  // The clock is read after the layer's timed runs only where it can be.
+  const EnergyCounter* clock = options.trace_clock && r.clock_note.empty() ? energy.get() : nullptr;
 
   progress("generating random weights");
   const LayerWeights w = random_layer_weights(d, options.seed);
@@ -519,10 +539,10 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
       return graphs;
     };
     // Median of the forward (through stage `last`) replayed over the input sets.
-    const auto time_forward = [&](ForwardStage last) {
-      return time_graphs(forward_graphs(last), s, options.warmup, options.iterations);
+    const auto time_forward = [&](ForwardStage last, const EnergyCounter* trace = nullptr) {
+      return time_graphs(forward_graphs(last), s, options.warmup, options.iterations, trace);
     };
-    row.fp4moe = time_forward(ForwardStage::kFinalize);
+    row.fp4moe = time_forward(ForwardStage::kFinalize, clock);
     if (options.sustain_s > 0.0) {
       progress(fmt::format("T={}: {} s of back-to-back forwards", T, options.sustain_s));
       row.sustained = sustain(forward_graphs(ForwardStage::kFinalize), s, options.sustain_s,
@@ -541,7 +561,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
                                         logits[static_cast<std::size_t>(i)].get(),
                                         outs[static_cast<std::size_t>(i)].get(), T, s));
       }
-      row.baseline = time_graphs(bgraphs, s, options.warmup, options.iterations);
+      row.baseline = time_graphs(bgraphs, s, options.warmup, options.iterations, clock);
       if (options.sustain_s > 0.0) {
         progress(fmt::format("T={}: {} s of back-to-back BF16 layers", T, options.sustain_s));
         row.baseline_sustained = sustain(bgraphs, s, options.sustain_s, row.baseline.median_us, energy.get());

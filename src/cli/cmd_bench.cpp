@@ -43,7 +43,7 @@ void register_bench(CLI::App& app) {
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
-         no_fused_routing = false, caller_routing = false;
+         no_fused_routing = false, caller_routing = false, trace_clock = false;
     std::uint64_t seed = 1;
     double sustain = 0.0;
     std::string json;
@@ -82,6 +82,9 @@ void register_bench(CLI::App& app) {
                   "steady load, where the GPU may run at its power cap): time per forward, average power and "
                   "energy per forward from the GPU's energy counter (NVML; GPU only)")
       ->capture_default_str();
+  cmd->add_flag("--trace-clock", o->trace_clock,
+                "Read the SM clock (NVML) after every timed run of the layer: the JSON gets each run's "
+                "time and clock, the table the runs at the highest clock against the slower ones (GPU only)");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->callback([o, cmd] {
@@ -124,6 +127,9 @@ void register_bench(CLI::App& app) {
     require(o->sustain == 0.0 || gpu, "--sustain replays the GPU layer; this run has no GPU ({})",
             o->cpu ? "--cpu given" : why);
     b.sustain_s = o->sustain;
+    require(!o->trace_clock || gpu, "--trace-clock reads the GPU's clock; this run has no GPU ({})",
+            o->cpu ? "--cpu given" : why);
+    b.trace_clock = o->trace_clock;
     b.seed = o->seed;
     b.cpu = o->cpu;
     const bench::BenchReport r =

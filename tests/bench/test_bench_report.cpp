@@ -27,7 +27,7 @@ bench::BenchReport gpu_report() {
   row.bytes = 180e6;
   row.flops = 1e9;
   row.floor_us = 45.0;
-  row.fp4moe = {85.0, 84.0, 87.0, 20};
+  row.fp4moe = bench::summarize({85.0, 84.0, 87.0});
   r.rows.push_back(row);
   return r;
 }
@@ -140,6 +140,53 @@ TEST(EnergyCounter, SaysWhyItIsAbsent) {
   EXPECT_FALSE(why.empty());
   EXPECT_THAT(why, ::testing::AnyOf(HasSubstr("libnvidia-ml.so.1"), HasSubstr("nvmlInit failed"),
                                     HasSubstr("'not-a-bus-id'")));
+}
+
+// Every run's time goes to the JSON in run order; --trace-clock adds each run's SM clock and a table
+// of the runs at the highest clock against the slower ones.
+TEST(BenchReport, RunTimesAndTheClockTrace) {
+  const bench::TimeStats t = bench::summarize({2050.0, 2040.0, 2360.0, 2370.0, 2380.0});
+  EXPECT_EQ(t.samples_us, (std::vector<double>{2050.0, 2040.0, 2360.0, 2370.0, 2380.0}));
+  EXPECT_DOUBLE_EQ(t.median_us, 2360.0);
+  EXPECT_FALSE(bench::clock_split(t));  // no clock readings
+
+  bench::BenchReport r = gpu_report();
+  r.rows[0].fp4moe = t;
+  auto j = bench::to_json(r);
+  EXPECT_EQ(j.at("rows").at(0).at("fp4moe").at("samples_us").get<std::vector<double>>(), t.samples_us);
+  EXPECT_FALSE(j.at("rows").at(0).at("fp4moe").contains("sm_clock_mhz"));
+  EXPECT_FALSE(j.at("trace_clock").get<bool>());
+  EXPECT_THAT(bench::format_table(r), Not(HasSubstr("SM clock")));
+
+  r.trace_clock = true;
+  r.rows[0].fp4moe.sm_clock_mhz = {1980, 1980, 1650, 1605, 1650};
+  const std::optional<bench::ClockSplit> c = bench::clock_split(r.rows[0].fp4moe);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->min_mhz, 1605);
+  EXPECT_EQ(c->median_mhz, 1650);
+  EXPECT_EQ(c->max_mhz, 1980);
+  EXPECT_EQ(c->runs_at_max, 2);
+  EXPECT_EQ(c->runs_below, 3);
+  EXPECT_DOUBLE_EQ(c->median_us_at_max, 2045.0);
+  EXPECT_DOUBLE_EQ(c->median_us_below, 2370.0);
+  const std::string text = bench::format_table(r);
+  EXPECT_THAT(text, HasSubstr("SM clock after each timed run of fp4moe (MHz)"));
+  EXPECT_THAT(text,
+              HasSubstr("     1    1605    1650    1980          2     2045.0          3     2370.0\n"));
+  j = bench::to_json(r);
+  EXPECT_TRUE(j.at("trace_clock").get<bool>());
+  EXPECT_EQ(j.at("clock_note").get<std::string>(), "");
+  EXPECT_EQ(j.at("rows").at(0).at("fp4moe").at("sm_clock_mhz").get<std::vector<int>>(),
+            (std::vector<int>{1980, 1980, 1650, 1605, 1650}));
+
+  r.clock_note = "NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be loaded";
+  EXPECT_THAT(bench::format_table(r), HasSubstr("clock not traced: NVML (libnvidia-ml.so.1"));
+}
+
+TEST(BenchCli, TraceClockNeedsAGpu) {
+  const auto r = test_util::run_cli("bench --cpu --trace-clock --tokens 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--trace-clock reads the GPU's clock; this run has no GPU (--cpu given)"));
 }
 
 }  // namespace
