@@ -32,6 +32,7 @@ std::optional<ClockSplit> clock_split(const TimeStats& t) {
   if (t.samples_us.empty() || t.sm_clock_mhz.size() != t.samples_us.size()) return std::nullopt;
   ClockSplit c;
   std::vector<int> mhz = t.sm_clock_mhz;
+  if (std::find(mhz.begin(), mhz.end(), 0) != mhz.end()) return std::nullopt;  // a read failed
   std::sort(mhz.begin(), mhz.end());
   c.min_mhz = mhz.front();
   c.max_mhz = mhz.back();

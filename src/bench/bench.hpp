@@ -53,7 +53,8 @@ struct TimeStats {
   double max_us = 0.0;
   int runs = 0;
   std::vector<double> samples_us;  // every run's time, in run order (JSON only)
-  std::vector<int> sm_clock_mhz;   // with BenchOptions::trace_clock: the SM clock after each run
+  std::vector<int>
+      sm_clock_mhz;  // with BenchOptions::trace_clock: the SM clock after each run (0: the read failed)
   bool measured() const { return runs > 0; }
 };
 
@@ -123,7 +124,7 @@ struct ClockSplit {
   int runs_at_max = 0, runs_below = 0;
   double median_us_at_max = 0.0, median_us_below = 0.0;
 };
-// nullopt unless every run has a clock reading.
+// nullopt unless every run has a clock reading (none 0).
 std::optional<ClockSplit> clock_split(const TimeStats& t);
 // Today's date, UTC, as YYYY-MM-DD.
 std::string utc_date();

@@ -1,8 +1,8 @@
 // A GPU's energy counter, for `fp4moe bench --sustain`: NVML's total energy consumption (mJ since
 // the driver loaded, Volta and newer), and its SM clock, for `--trace-clock`; read through
-// libnvidia-ml.so.1, which the NVIDIA driver
-// installs. The library is loaded at run time (dlopen): the build needs no NVML header or stub, and
-// a machine without the driver's library still runs every other part of the bench.
+// libnvidia-ml.so.1, which the NVIDIA driver installs. The library is loaded at run time (dlopen):
+// the build needs no NVML header or stub, and a machine without the driver's library still runs
+// every other part of the bench.
 #pragma once
 
 #include <cstdint>

@@ -179,6 +179,10 @@ TEST(BenchReport, RunTimesAndTheClockTrace) {
   EXPECT_EQ(j.at("rows").at(0).at("fp4moe").at("sm_clock_mhz").get<std::vector<int>>(),
             (std::vector<int>{1980, 1980, 1650, 1605, 1650}));
 
+  bench::TimeStats failed_read = r.rows[0].fp4moe;
+  failed_read.sm_clock_mhz[3] = 0;  // a read that failed mid-run: no split from a partial trace
+  EXPECT_FALSE(bench::clock_split(failed_read));
+
   r.clock_note = "NVML (libnvidia-ml.so.1, from the NVIDIA driver) could not be loaded";
   EXPECT_THAT(bench::format_table(r), HasSubstr("clock not traced: NVML (libnvidia-ml.so.1"));
 }
