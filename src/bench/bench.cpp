@@ -67,9 +67,10 @@ BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, c
   r.commit = build_commit();
   r.version = version();
   r.date = utc_date();
+  r.uniform_routing = options.uniform_routing;
   const LayerDesc& d = options.desc;
   progress("generating random weights");
-  const LayerWeights w = random_layer_weights(d, options.seed);
+  const LayerWeights w = bench_weights(options);
   for (const std::int64_t t : options.tokens) {
     progress(fmt::format("T={}", t));
     std::mt19937_64 rng(options.seed + static_cast<std::uint64_t>(t));
@@ -103,6 +104,12 @@ BenchReport run_cpu_bench(const BenchOptions& options, const std::string& why, c
 
 }  // namespace
 
+LayerWeights bench_weights(const BenchOptions& options) {
+  LayerWeights w = random_layer_weights(options.desc, options.seed);
+  if (options.uniform_routing) std::fill(w.correction_bias.begin(), w.correction_bias.end(), 0.0f);
+  return w;
+}
+
 LayerDesc cpu_default_desc() {
   LayerDesc d;
   d.hidden = 1024;
@@ -123,6 +130,11 @@ BenchReport run_bench(const BenchOptions& options, const Progress& progress) {
   return run_cpu_bench(options, why, progress);
 }
 
+// Said above the table under BenchOptions::uniform_routing.
+constexpr const char* kUniformRoutingLine =
+    "routing: the router's correction bias zeroed (--uniform-routing): each token's top-k is a uniform "
+    "random set of experts\n";
+
 std::string format_table(const BenchReport& r) {
   std::string s;
   if (r.backend == "gpu") {
@@ -132,6 +144,7 @@ std::string format_table(const BenchReport& r) {
         "ceilings measured in this run: copy {:.0f} GB/s (read + write), dense BF16 GEMM {:.0f} TFLOP/s\n",
         r.copy_gbps, r.bf16_tflops);
     if (r.caller_routing) s += "fp4moe timed through forward_routed: ids and weights given, no routing\n";
+    if (r.uniform_routing) s += kUniformRoutingLine;
     s += fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7} {:>11} {:>8}\n", "tokens",
                      "active", "time us", "min us", "max us", "GB/s", "TFLOP/s", "floor us", "%floor",
                      "bf16 us", "speedup");
@@ -215,6 +228,7 @@ std::string format_table(const BenchReport& r) {
   } else {
     s += fmt::format("fp4moe bench: no GPU ({}): running the CPU reference backend on a smaller shape ({})\n",
                      r.note, r.desc.to_string());
+    if (r.uniform_routing) s += kUniformRoutingLine;
     s += fmt::format("{:>6} {:>7} {:>12} {:>12} {:>12} {:>9}\n", "tokens", "active", "time us", "min us",
                      "max us", "GFLOP/s");
     for (const auto& row : r.rows) {
@@ -240,6 +254,7 @@ nlohmann::json to_json(const BenchReport& r) {
   j["shape"] = r.shape_name;
   j["layer"] = r.desc.to_string();
   j["caller_routing"] = r.caller_routing;
+  j["uniform_routing"] = r.uniform_routing;
   j["sustain_s"] = r.sustain_s;
   if (r.sustain_s > 0.0) j["energy_note"] = r.energy_note;
   j["trace_clock"] = r.trace_clock;

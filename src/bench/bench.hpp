@@ -43,6 +43,13 @@ struct BenchOptions {
   // time: whether a slow run ran at a lower clock, e.g. once the GPU reached its power cap (GPU
   // only; the read adds a few microseconds of idle between runs).
   bool trace_clock = false;
+  // Zero the router's correction bias (sigmoid routers with one) in the random layer, so that each
+  // token's top-k is a uniform random set of experts: the routing of ../shared/BENCH.md's anchors
+  // (their floors imply ~30 active experts at T=4, ~223 at T=64 and all 256 from T=256 on). By
+  // default the layer keeps its random bias, U(-0.05, 0.05), which decides most picks among the
+  // near-saturated top sigmoid scores and gives a few experts ~3x the mean load (GLM-5: ~188
+  // experts active at T=256). Softmax routers have no bias: the two are the same there.
+  bool uniform_routing = false;
   std::uint64_t seed = 1;
   bool cpu = false;  // force the CPU reference backend
 };
@@ -105,11 +112,12 @@ struct BenchReport {
   LayerDesc desc;
   std::string shape_name;
   std::string date;
-  bool caller_routing = false;  // BenchOptions::caller_routing: forward_routed was timed
-  double sustain_s = 0.0;       // BenchOptions::sustain_s
-  std::string energy_note;      // with sustain_s: why the energy was not measured ("" when it was)
-  bool trace_clock = false;     // BenchOptions::trace_clock
-  std::string clock_note;       // with trace_clock: why the clock was not read ("" when it was)
+  bool caller_routing = false;   // BenchOptions::caller_routing: forward_routed was timed
+  double sustain_s = 0.0;        // BenchOptions::sustain_s
+  std::string energy_note;       // with sustain_s: why the energy was not measured ("" when it was)
+  bool trace_clock = false;      // BenchOptions::trace_clock
+  bool uniform_routing = false;  // BenchOptions::uniform_routing
+  std::string clock_note;        // with trace_clock: why the clock was not read ("" when it was)
   std::vector<BenchRow> rows;
 };
 
@@ -126,6 +134,9 @@ struct ClockSplit {
 };
 // nullopt unless every run has a clock reading (none 0).
 std::optional<ClockSplit> clock_split(const TimeStats& t);
+// The benchmark's random layer: random_layer_weights(desc, seed), with the router's correction bias
+// zeroed under BenchOptions::uniform_routing.
+LayerWeights bench_weights(const BenchOptions& options);
 // Today's date, UTC, as YYYY-MM-DD.
 std::string utc_date();
 

@@ -401,6 +401,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   r.desc = d;
   r.shape_name = options.shape_name;
   r.caller_routing = options.caller_routing;
+  r.uniform_routing = options.uniform_routing;
   r.commit = build_commit();
   r.version = version();
   r.date = utc_date();
@@ -442,7 +443,7 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   const EnergyCounter* clock = options.trace_clock && r.clock_note.empty() ? energy.get() : nullptr;
 
   progress("generating random weights");
-  const LayerWeights w = random_layer_weights(d, options.seed);
+  const LayerWeights w = bench_weights(options);
   const std::int64_t max_t = *std::max_element(options.tokens.begin(), options.tokens.end());
   progress("uploading fp4moe weights");
   MoeLayerOptions lo;

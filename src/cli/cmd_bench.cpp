@@ -43,7 +43,7 @@ void register_bench(CLI::App& app) {
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
-         no_fused_routing = false, caller_routing = false, trace_clock = false;
+         no_fused_routing = false, caller_routing = false, trace_clock = false, uniform_routing = false;
     std::uint64_t seed = 1;
     double sustain = 0.0;
     std::string json;
@@ -85,6 +85,10 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--trace-clock", o->trace_clock,
                 "Read the SM clock (NVML) after every timed run of the layer: the JSON gets each run's "
                 "time and clock, the table the runs at the highest clock against the slower ones (GPU only)");
+  cmd->add_flag("--uniform-routing", o->uniform_routing,
+                "Zero the router's correction bias in the random layer, so that each token's top-k is a "
+                "uniform random set of experts (the routing of the BENCH.md anchors: every expert active "
+                "from T=256); by default its random bias gives a few experts ~3x the mean load");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the results as JSON to this file");
   cmd->callback([o, cmd] {
@@ -132,6 +136,7 @@ void register_bench(CLI::App& app) {
     b.trace_clock = o->trace_clock;
     b.seed = o->seed;
     b.cpu = o->cpu;
+    b.uniform_routing = o->uniform_routing;
     const bench::BenchReport r =
         bench::run_bench(b, [](const std::string& msg) { fmt::print(stderr, "bench: {}\n", msg); });
     fmt::print("{}", bench::format_table(r));

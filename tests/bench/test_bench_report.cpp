@@ -1,11 +1,16 @@
 // `fp4moe bench`'s report: the stage table and JSON made from prefix timings, the caller-routing
-// mode, and the CLI's refusals of --stages and --caller-routing without a GPU.
+// and uniform-routing modes, and the CLI's refusals of --stages and --caller-routing without a GPU.
+#include <algorithm>
+#include <random>
+#include <vector>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "bench/bench.hpp"
 #include "bench/energy.hpp"
 #include "fp4moe/moe_layer.hpp"
+#include "fp4moe/reference.hpp"
 #include "test_util/run_command.hpp"
 
 namespace fp4moe {
@@ -191,6 +196,48 @@ TEST(BenchCli, TraceClockNeedsAGpu) {
   const auto r = test_util::run_cli("bench --cpu --trace-clock --tokens 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--trace-clock reads the GPU's clock; this run has no GPU (--cpu given)"));
+}
+
+// --uniform-routing zeroes the random layer's correction bias, so every expert is about equally
+// likely: over 1024 tokens of N(0, 2) logits (the bench's) the CPU shape's busiest expert (32
+// experts, top-4; 128 picks each on average) takes under 1.25x the mean, where the random bias
+// gives it 1.4x (GLM-5's 256 experts: ~3x). Said above the table and in the JSON.
+TEST(BenchReport, UniformRoutingZeroesTheCorrectionBias) {
+  bench::BenchOptions o;
+  o.desc = bench::cpu_default_desc();
+  o.shape_name = "cpu-small";
+  o.tokens = {4};
+  o.iterations = 1;
+  o.cpu = true;
+  const LayerWeights skewed_w = bench::bench_weights(o);
+  ASSERT_EQ(skewed_w.correction_bias.size(), 32u);
+  EXPECT_NE(*std::max_element(skewed_w.correction_bias.begin(), skewed_w.correction_bias.end()), 0.0f);
+  o.uniform_routing = true;
+  const LayerWeights uniform_w = bench::bench_weights(o);
+  for (const float b : uniform_w.correction_bias) EXPECT_EQ(b, 0.0f);
+
+  constexpr std::int64_t kTokens = 1024;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> logits(static_cast<std::size_t>(kTokens * o.desc.experts));
+  for (float& v : logits) v = dist(rng);
+  const auto busiest = [&](const LayerWeights& w) {
+    const Routing r = route(o.desc, logits, kTokens, w.correction_bias);
+    std::vector<int> count(static_cast<std::size_t>(o.desc.experts), 0);
+    for (const std::int32_t id : r.ids) ++count.at(static_cast<std::size_t>(id));
+    return *std::max_element(count.begin(), count.end()) / (kTokens * o.desc.top_k / double(o.desc.experts));
+  };
+  EXPECT_GT(busiest(skewed_w), 1.3) << busiest(uniform_w);
+  EXPECT_LT(busiest(uniform_w), 1.25);
+
+  const bench::BenchReport uniform = bench::run_bench(o, [](const std::string&) {});
+  EXPECT_THAT(bench::format_table(uniform), HasSubstr("correction bias zeroed (--uniform-routing)"));
+  EXPECT_TRUE(bench::to_json(uniform).at("uniform_routing").get<bool>());
+  bench::BenchReport g = gpu_report();
+  EXPECT_THAT(bench::format_table(g), Not(HasSubstr("--uniform-routing")));
+  EXPECT_FALSE(bench::to_json(g).at("uniform_routing").get<bool>());
+  g.uniform_routing = true;
+  EXPECT_THAT(bench::format_table(g), HasSubstr("correction bias zeroed (--uniform-routing)"));
 }
 
 }  // namespace
