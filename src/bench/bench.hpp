@@ -113,10 +113,10 @@ struct BenchReport {
   std::string shape_name;
   std::string date;
   bool caller_routing = false;   // BenchOptions::caller_routing: forward_routed was timed
+  bool uniform_routing = false;  // BenchOptions::uniform_routing: the router's correction bias zeroed
   double sustain_s = 0.0;        // BenchOptions::sustain_s
   std::string energy_note;       // with sustain_s: why the energy was not measured ("" when it was)
   bool trace_clock = false;      // BenchOptions::trace_clock
-  bool uniform_routing = false;  // BenchOptions::uniform_routing
   std::string clock_note;        // with trace_clock: why the clock was not read ("" when it was)
   std::vector<BenchRow> rows;
 };
