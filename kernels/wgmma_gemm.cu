@@ -67,6 +67,35 @@ __device__ __forceinline__ void keep_in_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Four 8x8 b16 matrices to shared memory, each transposed on the way (PTX ISA, "stmatrix"):
+// register i of every lane holds that lane's fragment of matrix i (row lane / 4, columns
+// 2 (lane % 4) and + 1: the mma accumulator layout), and lanes 8i..8i+7 give the addresses of
+// matrix i's stored rows, which are its columns.
+__device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t addr, std::uint32_t r0, std::uint32_t r1,
+                                                  std::uint32_t r2, std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128_ordered(std::uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void stg128(void* ptr, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// Two floats rounded to bf16 (round to nearest even, as f32_to_bf16_bits), lo in the low half.
+__device__ __forceinline__ std::uint32_t bf16x2_from_f32(float lo, float hi) {
+  std::uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // mbarriers (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier").
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -481,6 +510,54 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   // then ordered before the producer's next TMA write there (racecheck checks exactly this).
   auto release = [&](int s) { mbar_arrive(empty_bar(s)); };
 
+  // GEMM2's stores of an item whose rows all lie in the matrix: per m64 block and 32 tokens, the
+  // warp writes its 16 rows x 32 tokens to its buffer transposed (stmatrix .trans: each token's
+  // 16 results become 32 contiguous bytes, the two 8-row halves swapped on every other group of
+  // four tokens so that each matrix's eight 16-byte rows fall in distinct banks), then each lane
+  // stores 16 bytes of a token (two lanes per token, 16 tokens per instruction: whole 32-byte
+  // sectors). The values and their rounding are those of the unstaged path. Needs 16-byte
+  // aligned rows (staged_stores).
+  const bool staged_stores = p.out_ld % 8 == 0 && (reinterpret_cast<std::uintptr_t>(p.out) & 15u) == 0;
+  const std::uint32_t ebuf =
+      base + WgmmaGemmLayout::epilogue_offset({NT, stages, CW}) + cw * WgmmaGemmLayout::kEpilogueWarpBytes;
+  // stmatrix: lane l gives row l % 8 of matrix l / 8 = (token block l / 16, half (l / 8) % 2).
+  const std::uint32_t st_addr =
+      ebuf + (8 * (lane >> 4) + (lane & 7)) * 32 + ((((lane >> 3) & 1) ^ ((lane >> 2) & 1)) << 4);
+  // Read back: lane l takes half l % 2 of token l / 2 (+ 16).
+  const int rtk = lane >> 1;
+  const int rhh = lane & 1;
+  const std::uint32_t ld_addr = ebuf + rtk * 32 + ((rhh ^ ((rtk >> 2) & 1)) << 4);
+  auto store_staged = [&](const WgmmaItem& it, const TileOut(&o)[kMB]) {
+    static_assert(NT % 4 == 0 && WgmmaGemmLayout::kEpilogueTokens == 32);
+#pragma unroll
+    for (int i = 0; i < kMB; ++i) {
+      std::uint16_t* out = out_row_ptr(p, it.slot0 + rtk) + (o[i].col[0] - g) + 8 * rhh;
+      const std::int64_t step = 16 * static_cast<std::int64_t>(p.out_ld);  // 16 tokens
+#pragma unroll
+      for (int pass = 0; pass < NT / 4; ++pass) {
+        std::uint32_t r[8];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * pass + jj;
+          r[2 * jj] = bf16x2_from_f32(acc[i][4 * j] * o[i].scale[0] + o[i].bias[0],
+                                      acc[i][4 * j + 1] * o[i].scale[0] + o[i].bias[0]);
+          r[2 * jj + 1] = bf16x2_from_f32(acc[i][4 * j + 2] * o[i].scale[1] + o[i].bias[1],
+                                          acc[i][4 * j + 3] * o[i].scale[1] + o[i].bias[1]);
+        }
+        stmatrix_x4_trans(st_addr, r[0], r[1], r[2], r[3]);
+        stmatrix_x4_trans(st_addr + 16 * 32, r[4], r[5], r[6], r[7]);
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const uint4 v = lds128_ordered(ld_addr + u * 16 * 32);
+          if (32 * pass + 16 * u + rtk < it.m_count) stg128(out, v);
+          out += step;
+        }
+        __syncwarp();
+      }
+    }
+  };
+
   items.reload();
   for (std::int64_t item = blockIdx.x; item < (TAIL ? items.count(p, items.n_active) : total_items);
        item += gridDim.x) {
@@ -532,6 +609,12 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
     // item's first index is a multiple of 64, so i = 1 stays in the same 64-chunk). A token's
     // stores then share one address, with immediate offsets for GEMM2.
     if ((it.group0 + WgmmaGemmLayout::kGroups) * WeightLayout::kGroupRows <= p.rows) {
+      if constexpr (EPI == StreamEpilogue::kStoreBf16) {
+        if (staged_stores) {
+          store_staged(it, o);
+          continue;
+        }
+      }
       std::uint16_t* const base = row0 + o[0].col[0];
       const int dcol = kMB > 1 ? o[kMB - 1].col[0] - o[0].col[0] : 0;  // GEMM1, i = 1
 #pragma unroll

@@ -16,7 +16,10 @@
 //   acts            8*n_tiles tokens x 128 B, 16-byte pieces swizzled by token % 8 (the wgmma
 //                   128B-swizzle K-major layout, which TMA's SWIZZLE_128B writes), starting on a
 //                   1024-byte boundary
-// After the stages: a full and an empty mbarrier (8 B each) per stage.
+// After the stages: a full and an empty mbarrier (8 B each) per stage, then per consumer warp a
+// 1 KB buffer through which the down GEMM's epilogue turns its accumulators into token rows
+// (stmatrix .trans: 32 tokens x 16 weight rows in bf16), so that each lane stores 16 bytes of one
+// token at a time instead of 2 (the first GEMM's instances have it too and leave it unused).
 // The activations are k-permuted (mma-k order) in global memory beforehand, so the tensor cores
 // pair them with the permuted weight fragments.
 #pragma once
@@ -69,10 +72,19 @@ struct WgmmaGemmLayout {
   }
   // From the aligned base: the mbarriers follow the stages.
   static constexpr int barrier_offset(const WgmmaGemmConfig& c) { return c.stages * stage_bytes(c); }
-  // The dynamic allocation: the stages, their mbarriers, and slack to align the first stage to
-  // 1024 bytes.
+  // The epilogue's buffers: 32 tokens x 16 rows x bf16 per consumer warp, from a 128-byte boundary.
+  static constexpr int kEpilogueTokens = 32;
+  static constexpr int kEpilogueWarpBytes = kEpilogueTokens * 16 * 2;
+  static constexpr int epilogue_offset(const WgmmaGemmConfig& c) {
+    return (barrier_offset(c) + c.stages * kBarrierBytes + 127) / 128 * 128;
+  }
+  static constexpr int epilogue_bytes(const WgmmaGemmConfig& c) {
+    return c.consumer_warps * kEpilogueWarpBytes;
+  }
+  // The dynamic allocation: the stages, their mbarriers, the epilogue's buffers, and slack to align
+  // the first stage to 1024 bytes.
   static constexpr std::int64_t cta_bytes(const WgmmaGemmConfig& c) {
-    return static_cast<std::int64_t>(barrier_offset(c)) + c.stages * kBarrierBytes + kAlign;
+    return static_cast<std::int64_t>(epilogue_offset(c)) + epilogue_bytes(c) + kAlign;
   }
   static constexpr int threads(const WgmmaGemmConfig& c) { return (kProducerWarps + c.consumer_warps) * 32; }
   // Registers per thread after setmaxnreg. NOTE: the pool is the CTA's own allocation (threads x
@@ -170,5 +182,7 @@ static_assert(wgmma_tail_class(8, 128, 64, 8) == -1 && wgmma_tail_class(9, 128, 
 
 static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
 static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);
+// The largest configuration fits the H200's 232448-byte opt-in limit with room to spare.
+static_assert(WgmmaGemmLayout::cta_bytes({16, 8, 8}) == 8 * 25600 + 128 + 8 * 1024 + 1024);
 
 }  // namespace fp4moe::kernels

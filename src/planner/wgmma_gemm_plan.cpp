@@ -41,7 +41,8 @@ CandidateSpec make_spec(const WgmmaGemmConfig& c) {
   s.label = wgmma_gemm_label(c);
   s.params = {{"n_tiles", c.n_tiles}, {"stages", c.stages}, {"consumer_warps", c.consumer_warps}};
   s.dynamic_smem_bytes = WgmmaGemmLayout::cta_bytes(c);
-  s.smem_how = fmt::format("{} stages x {} B + {} B alignment", c.stages, WgmmaGemmLayout::stage_bytes(c),
+  s.smem_how = fmt::format("{} stages x {} B + {} B epilogue + {} B alignment", c.stages,
+                           WgmmaGemmLayout::stage_bytes(c), WgmmaGemmLayout::epilogue_bytes(c),
                            WgmmaGemmLayout::kAlign);
   s.threads = WgmmaGemmLayout::threads(c);
   s.resource_key = {c.n_tiles, c.consumer_warps};
@@ -95,6 +96,14 @@ class WgmmaGemmFamily final : public KernelFamily {
          fmt::format("{} x {} B (a ring of {}, filled by TMA)", c.stages - 1, stage, c.stages)},
         {"mbarriers", static_cast<std::int64_t>(c.stages) * WgmmaGemmLayout::kBarrierBytes,
          fmt::format("{} stages x (full + empty) x 8 B", c.stages)},
+        {"round up to 128",
+         WgmmaGemmLayout::epilogue_offset(c) - WgmmaGemmLayout::barrier_offset(c) -
+             static_cast<std::int64_t>(c.stages) * WgmmaGemmLayout::kBarrierBytes,
+         "the epilogue buffers' alignment", true},
+        {"epilogue buffers", WgmmaGemmLayout::epilogue_bytes(c),
+         fmt::format("{} consumer warps x {} B ({} tokens x 16 rows x bf16, the down GEMM's 16-byte stores)",
+                     c.consumer_warps, WgmmaGemmLayout::kEpilogueWarpBytes,
+                     WgmmaGemmLayout::kEpilogueTokens)},
         {"alignment slack", WgmmaGemmLayout::kAlign, "to align the first stage to 1024 B", true},
     };
   }

@@ -33,7 +33,7 @@ TEST(WgmmaGemmPlan, CandidatesAreTheCompiledTokenTilesTimesStagesWithTheLayoutsB
     // a producer warpgroup + the consumer warps
     EXPECT_EQ(p.candidates[i].threads, 128 + 32 * configs[i].consumer_warps) << i;
     EXPECT_EQ(p.candidates[i].label, planner::wgmma_gemm_label(configs[i])) << i;
-    // n16 s8: 8 x (9216 + 16384 + 16) + 1024 = 205952 B fits Hopper's 232448.
+    // n16 s8: 8 x (9216 + 16384 + 16) + 8 x 1024 (epilogue) + 1024 = 214144 B fits Hopper's 232448.
     EXPECT_TRUE(p.candidates[i].feasible) << p.candidates[i].label << ": " << p.candidates[i].reason;
   }
   EXPECT_EQ(planner::wgmma_gemm_label({16, 4, 8}), "n16 s4 w8");
@@ -165,7 +165,8 @@ TEST(WgmmaGemmExplain, BreakdownAddsUpToTheLayout) {
   std::int64_t sum = 0;
   for (const auto& t : e.smem_terms) sum += t.bytes;
   EXPECT_EQ(sum, WgmmaGemmLayout::cta_bytes({16, 4, 8}));
-  EXPECT_EQ(sum, 4 * 25600 + 4 * 16 + 1024);  // stages, mbarriers, alignment slack
+  // stages, mbarriers, their round-up to 128, 8 warps' epilogue buffers, alignment slack
+  EXPECT_EQ(sum, 4 * 25600 + 4 * 16 + 64 + 8 * 1024 + 1024);
   EXPECT_TRUE(e.verdict.feasible);
 }
 
