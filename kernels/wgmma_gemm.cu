@@ -77,6 +77,8 @@ __device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t addr, std::uint3
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
+// lds128 (common.cuh) with a memory clobber: the epilogue reads back what its stmatrix wrote, and
+// the stream kernel's hot loop keeps lds128 free to be scheduled.
 __device__ __forceinline__ uint4 lds128_ordered(std::uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
