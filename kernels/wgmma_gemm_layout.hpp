@@ -182,7 +182,9 @@ static_assert(wgmma_tail_class(8, 128, 64, 8) == -1 && wgmma_tail_class(9, 128, 
 
 static_assert(WgmmaGemmLayout::act_offset({}) % WgmmaGemmLayout::kAlign == 0);
 static_assert(WgmmaGemmLayout::stage_bytes({16, 4}) == 9216 + 16384);
-// The largest configuration fits the H200's 232448-byte opt-in limit with room to spare.
+// The largest configuration: 8 stages, their mbarriers, 8 warps' epilogue buffers and the slack,
+// within Hopper's 232448-byte opt-in limit per block.
 static_assert(WgmmaGemmLayout::cta_bytes({16, 8, 8}) == 8 * 25600 + 128 + 8 * 1024 + 1024);
+static_assert(WgmmaGemmLayout::cta_bytes({16, 8, 8}) <= 232448);
 
 }  // namespace fp4moe::kernels
