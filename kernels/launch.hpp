@@ -226,10 +226,11 @@ cudaError_t launch_tile_gemm(const StreamGemmArgs& args, const TileGemmConfig& c
 
 // The SM90 wgmma GEMM: same arguments, with act k-permuted (permuted_k), rows of n_chunks * 64
 // values, 16-byte aligned, act_rows of them. With a SwiGLU epilogue (GEMM1) act holds a row per
-// token and slot s reads row slot_token[s] (required); with kStoreBf16 (GEMM2) act is in slot order
-// and slot_token is unused. row_blocks counts
-// 256-row blocks and tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off
-// sm_90 (the kernel has no body there) and the setup then returns cudaErrorNotSupported.
+// token and slot s reads row slot_token[s] (required); with kStoreBf16 (GEMM2) act is in slot order,
+// slot_token is unused and out's rows must be 16-byte aligned (out and out_ld * 2 bytes: its
+// stores are 16 bytes wide); cudaErrorInvalidValue otherwise. row_blocks counts 256-row blocks and
+// tb_prefix blocks of WgmmaGemmLayout::tokens(config). wgmma_supported() is false off sm_90 (the
+// kernel has no body there) and the setup then returns cudaErrorNotSupported.
 bool wgmma_supported();
 cudaError_t wgmma_gemm_setup(const WgmmaGemmConfig& config, StreamEpilogue epilogue,
                              KernelAttributes* attributes);

@@ -517,9 +517,8 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
   // 16 results become 32 contiguous bytes, the two 8-row halves swapped on every other group of
   // four tokens so that each matrix's eight 16-byte rows fall in distinct banks), then each lane
   // stores 16 bytes of a token (two lanes per token, 16 tokens per instruction: whole 32-byte
-  // sectors). The values and their rounding are those of the unstaged path. Needs 16-byte
-  // aligned rows (staged_stores).
-  const bool staged_stores = p.out_ld % 8 == 0 && (reinterpret_cast<std::uintptr_t>(p.out) & 15u) == 0;
+  // sectors). The values and their rounding are those of store_token's. Needs 16-byte aligned
+  // rows, which launch_wgmma_gemm requires of GEMM2's output.
   const std::uint32_t ebuf =
       base + WgmmaGemmLayout::epilogue_offset({NT, stages, CW}) + cw * WgmmaGemmLayout::kEpilogueWarpBytes;
   // stmatrix: lane l gives row l % 8 of matrix l / 8 = (token block l / 16, half (l / 8) % 2).
@@ -606,16 +605,14 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
       o[i] = tile_out<EPI>(p, it.expert, it.group0 * 4 + wg * (4 * kMB) + 4 * i + wi, g);
     std::uint16_t* const row0 = out_row_ptr(p, it.slot0 + 2 * t);
     // When every row of the item lies in the matrix (all but the last row block where the rows
-    // are not a multiple of 256), a token's columns are o[0]'s plus fixed distances: GEMM2 rows
-    // + 8 (h) and + 64 (i); GEMM1 intermediate index + 32 (i), which permuted_k maps to + 4 (the
-    // item's first index is a multiple of 64, so i = 1 stays in the same 64-chunk). A token's
-    // stores then share one address, with immediate offsets for GEMM2.
+    // are not a multiple of 256), GEMM2 stores through the buffer (store_staged) and GEMM1's token
+    // columns are o[0]'s plus a fixed distance: intermediate index + 32 (i), which permuted_k maps
+    // to + 4 (the item's first index is a multiple of 64, so i = 1 stays in the same 64-chunk). A
+    // token's stores then share one address.
     if ((it.group0 + WgmmaGemmLayout::kGroups) * WeightLayout::kGroupRows <= p.rows) {
       if constexpr (EPI == StreamEpilogue::kStoreBf16) {
-        if (staged_stores) {
-          store_staged(it, o);
-          continue;
-        }
+        store_staged(it, o);
+        continue;
       }
       std::uint16_t* const base = row0 + o[0].col[0];
       const int dcol = kMB > 1 ? o[kMB - 1].col[0] - o[0].col[0] : 0;  // GEMM1, i = 1
@@ -629,13 +626,7 @@ __global__ void __launch_bounds__((4 + CW) * 32, 1)
           for (int i = 0; i < kMB; ++i) {
             const float v_g = acc[i][4 * j + q] * o[i].scale[0] + o[i].bias[0];
             const float v_g8 = acc[i][4 * j + 2 + q] * o[i].scale[1] + o[i].bias[1];
-            if constexpr (EPI == StreamEpilogue::kStoreBf16) {
-              row[64 * i] = f32_to_bf16_bits(v_g);
-              row[64 * i + 8] = f32_to_bf16_bits(v_g8);
-            } else {
-              row[i * dcol] =
-                  f32_to_bf16_bits(gemm_activation(EPI, v_g, v_g8, p.swiglu_alpha, p.swiglu_limit));
-            }
+            row[i * dcol] = f32_to_bf16_bits(gemm_activation(EPI, v_g, v_g8, p.swiglu_alpha, p.swiglu_limit));
           }
         }
       }
@@ -834,6 +825,10 @@ cudaError_t launch_wgmma_gemm(const StreamGemmArgs& args, const WgmmaGemmConfig&
   const WgmmaKernelFn fn = wgmma_kernel_for(config, epilogue, args.tail_of > 0);
   if (fn == nullptr || !WgmmaGemmLayout::valid(config)) return cudaErrorInvalidValue;
   if ((epilogue != StreamEpilogue::kStoreBf16) != (args.slot_token != nullptr)) return cudaErrorInvalidValue;
+  // GEMM2's staged stores write 16 bytes at a time: its output rows must be 16-byte aligned.
+  if (epilogue == StreamEpilogue::kStoreBf16 &&
+      (args.out_ld % 8 != 0 || (reinterpret_cast<std::uintptr_t>(args.out) & 15u) != 0))
+    return cudaErrorInvalidValue;
   CUtensorMap map;
   const cudaError_t err = encode_act_map(args, WgmmaGemmLayout::tokens(config), &map);
   if (err != cudaSuccess) return err;

@@ -24,6 +24,7 @@
 #include "fp4moe/planner.hpp"
 #include "fp4moe/reference.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "kernels/launch.hpp"
 #include "kernels/stream_gemm_layout.hpp"
 
 namespace fp4moe {
@@ -624,6 +625,23 @@ Routing routing_from_counts(const std::vector<int>& counts) {
 
 // Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
 // chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
+// The wgmma down GEMM stores 16 bytes at a time (its staged epilogue): launch_wgmma_gemm refuses
+// output rows that are not 16-byte aligned, by their stride or their start, before any CUDA call
+// (so this runs without a GPU too). MoeLayer's workspace always passes.
+TEST(GpuMoeLayer, WgmmaDownGemmRefusesUnalignedOutput) {
+  alignas(16) static std::uint16_t out[64];
+  kernels::StreamGemmArgs a;
+  a.out = out;
+  const kernels::WgmmaGemmConfig c{16, 4, 8};
+  a.out_ld = 6148;  // rows 8 bytes apart from 16-byte alignment
+  EXPECT_EQ(kernels::launch_wgmma_gemm(a, c, kernels::StreamEpilogue::kStoreBf16, 1, false, nullptr),
+            cudaErrorInvalidValue);
+  a.out_ld = 6144;
+  a.out = out + 1;  // a start 2 bytes past it
+  EXPECT_EQ(kernels::launch_wgmma_gemm(a, c, kernels::StreamEpilogue::kStoreBf16, 1, false, nullptr),
+            cudaErrorInvalidValue);
+}
+
 TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = twelve_expert_desc();
