@@ -25,15 +25,7 @@
 #include "kernels/common.cuh"
 #include "kernels/stream_gemm_layout.hpp"
 #include "kernels/weight_layout.hpp"
-
-#define CHECK(x)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "tools/diag/check.hpp"
 
 // The stream kernel's block and m4 n1 stage (2304 weight bytes + 1024 activation bytes).
 constexpr int kBlock = fp4moe::kernels::WeightLayout::kBlockBytes;

@@ -1,0 +1,436 @@
+// Diagnostic (not part of the layer): does the FP4 decode overlap the tensor cores' work when
+// other warps do it?
+//
+// The wgmma kernel's consumers decode each chunk's weights into registers and hand them to
+// wgmma as the A operand (RS); on the H200 a chunk then costs its tensor work plus the decode
+// (docs/PERF.md, "What limits each regime"). The alternative design has a third warpgroup decode
+// into shared memory while the consumers only issue wgmmas reading A from shared memory (SS).
+// This program times, on every SM (132 CTAs of three warpgroups, one per SM), per iteration one
+// wgmma chunk of the kernel's largest item, 256 weight rows x 128 tokens x 64 K (16 x
+// m64n128k16: 1024 tensor cycles an SM), and/or the decode of that chunk's 16384 values
+// (the kernel's own decode_e2m1x8 and scale multiplies, 14 instructions a word of 8 values):
+//
+//   ss        consumers: SS wgmmas only
+//   xf        the transform warpgroup only: per thread 16 words of FP4 from shared memory,
+//             decoded and scaled, 256 bytes of bf16 stored to shared memory
+//   ss+xf     both at once (independent: no barrier between them, so only shared resources
+//             couple them: issue slots, register file, shared memory)
+//   rs        consumers: RS wgmmas only (A registers decoded once, before the loop)
+//   rs+xf     RS wgmmas and the transform warpgroup at once
+//   rs+dec    the kernel's design: each consumer decodes its A registers (2 m64 blocks x 4
+//             k-steps: 8 words a thread) before each chunk's wgmmas
+//   xf2 ...   the same with two transform warpgroups, each decoding half the chunk
+//   pipe      rs fed as the kernel feeds it (below: a producer thread, bulk copies, an mbarrier
+//             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature
+//   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
+//             tensor cycles an iteration for the same decode)
+//
+// If ss+xf takes about max(ss, xf), a transform warpgroup hides the decode and the design pays;
+// if about ss + xf, the decode costs the same wherever it runs.
+//
+// Alone: nvcc -std=c++17 -O3 -arch=sm_90a -I. -Iinclude -o wgmma_overlap tools/diag/wgmma_overlap.cu
+// (no arguments; prints a table).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/common.cuh"
+#include "kernels/sm90.cuh"
+#include "kernels/weight_layout.hpp"
+#include "tools/diag/check.hpp"
+
+using namespace fp4moe::kernels;
+
+// wgmma and setmaxnreg exist only in sm_90a code; the other architectures of the build get an
+// empty kernel (main refuses to run off sm_90).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DIAG_WGMMA 1
+#else
+#define DIAG_WGMMA 0
+#endif
+
+enum Mode : int { kSS = 0, kXF = 1, kSSXF = 2, kRS = 3, kRSXF = 4, kRSDec = 5 };
+
+// Shared memory: B (128 tokens x 64 K bf16, 16 KB), A for SS (two warpgroups x 128 rows x 64 K
+// bf16, 32 KB), the transform's FP4 source (8 KB) and its bf16 output (32 KB). 128-byte swizzled,
+// K-major rows of 128 bytes: the descriptors are the kernel's.
+[[maybe_unused]] constexpr int kB = 0;
+[[maybe_unused]] constexpr int kA = 16384;
+[[maybe_unused]] constexpr int kSrc = kA + 32768;
+[[maybe_unused]] constexpr int kDst = kSrc + 8192;
+constexpr int kSmem = kDst + 32768;
+
+#define ACC64(d)                                                                                            \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+      "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),            \
+      "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),            \
+      "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),            \
+      "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),            \
+      "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define REGS64                                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, "                                                                                                 \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "  \
+  "%43, "                                                                                                 \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], std::uint64_t da, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : ACC64(d)
+      : "l"(da), "l"(db));
+}
+// RS wgmma with 128, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t db) {
+  if constexpr (N == 128) {
+    wgmma_m64n128k16_rs(d, a, db, 1);
+  } else if constexpr (N == 64) {
+    wgmma_m64n64k16_rs(d, a, db, 1);
+  } else {
+    wgmma_m64n32k16_rs(d, a, db, 1);
+  }
+}
+
+// One word of 8 codes decoded and scaled, as the consumers do it.
+__device__ __forceinline__ void decode_scaled(std::uint32_t w, std::uint32_t s_g, std::uint32_t s_g8,
+                                              std::uint32_t (&a)[4]) {
+  decode_e2m1x8(w, a);
+  a[0] = bf16x2_mul(a[0], s_g);
+  a[1] = bf16x2_mul(a[1], s_g8);
+  a[2] = bf16x2_mul(a[2], s_g);
+  a[3] = bf16x2_mul(a[3], s_g8);
+}
+
+// XFW: transform warpgroups (1 or 2; with 2 each decodes half the chunk).
+template <int MODE, int XFW = 1, int N = 128>
+__global__ void __launch_bounds__(128 * (2 + XFW), 1) overlap(int iters, float* sink, long long* cycles) {
+#if DIAG_WGMMA
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int t = tid % 128;
+  const std::uint32_t base = smem_addr(smem);
+  // Small normal bf16 values everywhere (0x3c00.. ~ 0.0078), so no operand is NaN or subnormal.
+  for (int i = tid * 4; i < kSmem; i += static_cast<int>(blockDim.x) * 4)
+    *reinterpret_cast<std::uint32_t*>(smem + i) = 0x3c003c00u + (static_cast<std::uint32_t>(i) & 0x007f007fu);
+  __syncthreads();
+  const bool consumer = wg < 2;
+  const bool consumers_run = MODE != kXF;
+  const bool transform_runs = MODE == kXF || MODE == kSSXF || MODE == kRSXF;
+  long long t0 = clock64();
+  if (consumer) {
+    if constexpr (XFW == 1) {
+      setmaxnreg_inc<232>();
+    } else {
+      setmaxnreg_inc<216>();
+    }
+    if (consumers_run) {
+      float acc[2][N / 2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < N / 2; ++q) acc[i][q] = 0.0f;
+      const std::uint64_t db = b_descriptor(base + kB);
+      const std::uint64_t da = b_descriptor(base + kA + wg * 16384);
+      // RS: the A registers (2 blocks x 4 k-steps), decoded from a word of the source.
+      std::uint32_t a[2][4][4];
+      const std::uint32_t s_g = scale_pair_from_bytes(0x38383838u & 0x00ff00ffu);
+      const std::uint32_t s_g8 = s_g;
+      const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(smem + kSrc) + (t % 32) * 8;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) decode_scaled(src[i * 4 + s] & 0x77777777u, s_g, s_g8, a[i][s]);
+      // One chunk's wgmmas on A set `a` (SS: A from shared memory), then, in rs+dec, the next
+      // chunk's words decoded into the other set once the chunk before is done (wait_group 1), as
+      // the kernel alternates its two A sets.
+      auto chunk = [&](const std::uint32_t(&cur)[2][4][4], std::uint32_t(&next)[2][4][4], int it) {
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if constexpr (MODE == kSS || MODE == kSSXF) {
+              wgmma_ss(acc[i], da + i * (8192 >> 4) + 2 * s, db + 2 * s);
+            } else {
+              wgmma_rs_n<N>(acc[i], cur[i][s], db + 2 * s);
+            }
+          }
+        }
+        wgmma_commit();
+        wgmma_wait_one();
+        if constexpr (MODE == kRSDec) {
+          // The next chunk's 8 words, one 16-byte load a block as the kernel reads them.
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint4 wq = lds128(base + kSrc + ((t % 32) * 16 + i * 512 + (it & 7) * 16) % 8192);
+            const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) decode_scaled(words[s], s_g, s_g8, next[i][s]);
+          }
+        }
+      };
+      std::uint32_t b[2][4][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) b[i][s][r] = a[i][s][r];
+      for (int it = 0; it < iters; it += 2) {
+        chunk(a, b, it);
+        chunk(b, a, it + 1);
+      }
+      wgmma_wait_all();
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < N / 2; ++q) sum += acc[i][q];
+      if (sum == 12345.0f) sink[tid] = sum;
+    }
+  } else {
+    setmaxnreg_dec<40>();
+    if (transform_runs) {
+      // The whole CTA's chunk: 2048 words, 16 a thread (8 with two transform warpgroups), in
+      // batches of one 16-byte load.
+      const int xt = (wg - 2) * 128 + t;  // the thread among the transform threads
+      const std::uint32_t s_g = scale_pair_from_bytes(0x38383838u & 0x00ff00ffu);
+      for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int b = 0; b < 4 / XFW; ++b) {
+          const uint4 wq = lds128(base + kSrc + ((b * 128 * XFW + xt) * 16 + (it & 3) * 4096) % 8192);
+          const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            std::uint32_t a[4];
+            decode_scaled(words[s], s_g, s_g, a);
+            // 16 bytes of bf16 a word; a thread's 16 words fill 256 bytes of the 32 KB.
+            const std::uint32_t dst =
+                base + kDst + (((b * 4 + s) * 128 * XFW + xt) * 16 ^ ((t & 7) << 4)) % 32768;
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(a[0]), "r"(a[1]),
+                         "r"(a[2]), "r"(a[3])
+                         : "memory");
+          }
+        }
+      }
+    }
+  }
+  const long long t1 = clock64();
+  if (t == 0 && wg < 3) cycles[blockIdx.x * 3 + wg] = t1 - t0;
+#endif
+}
+
+// The same chunk fed as the wgmma kernel feeds it: one producer thread copies each chunk's token
+// block (16 KB, from an L2-resident buffer that groups of 16 CTAs share, as the 16 row groups of
+// an expert's gate/up share theirs) and its 9216 bytes of weights (4 blocks of 2304, each CTA its
+// own 117 MB stream over all CTAs: from HBM) into a ring of `kStages` stages with bulk copies
+// completing on a "full" mbarrier; the consumers wait for it, decode (DEC) their words from the
+// stage, issue the 16 RS wgmmas reading the token block from the stage, and free the stage before
+// once its wgmmas are done ("empty" mbarrier, 256 arrivals). Two A register sets alternate, as in
+// the kernel.
+constexpr int kStages = 6;
+constexpr int kStageBytes = 16384 + 9216 + 1024;  // token block, weights, to the next 1 KB
+constexpr int kPipeChunks = 96;                   // chunks of an item (K = 6144) before the sources wrap
+constexpr int kPipeSmem = kStages * kStageBytes + 1024;
+
+template <bool DEC>
+__global__ void __launch_bounds__(384, 1)
+    pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, float* sink, long long* cycles) {
+#if DIAG_WGMMA
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int t = tid % 128;
+  const std::uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const std::uint32_t bars = base + kStages * kStageBytes;  // full[s] at 8 s, empty[s] at 8 (kStages + s)
+  if (tid == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(bars + 8 * st, 1);
+      mbar_init(bars + 8 * (kStages + st), 256);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  long long t0 = clock64();
+  if (wg == 2) {
+    setmaxnreg_dec<40>();
+    if (t == 0) {
+      const std::uint8_t* tok = tokens + static_cast<std::int64_t>(blockIdx.x / 16) * kPipeChunks * 16384;
+      const std::uint8_t* w = weights + static_cast<std::int64_t>(blockIdx.x) * kPipeChunks * 9216;
+      for (int c = 0; c < iters; ++c) {
+        const int st = c % kStages;
+        mbar_wait(bars + 8 * (kStages + st), ((c / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(bars + 8 * st, 16384 + 9216);
+        bulk_copy(base + st * kStageBytes, tok + (c % kPipeChunks) * 16384, 16384, bars + 8 * st);
+        bulk_copy(base + st * kStageBytes + 16384, w + (c % kPipeChunks) * 9216, 9216, bars + 8 * st);
+      }
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    float acc[2][64];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int q = 0; q < 64; ++q) acc[i][q] = 0.0f;
+    const std::uint32_t s_g = scale_pair_from_bytes(0x38383838u & 0x00ff00ffu);
+    const int lane = t % 32, wi = t / 32;
+    std::uint32_t a[2][4][4] = {}, b[2][4][4] = {};
+    // Chunk c from stage c % kStages on A set `cur`; then the stage of chunk c - 1 freed.
+    auto chunk = [&](std::uint32_t(&cur)[2][4][4], int c) {
+      const int st = c % kStages;
+      const std::uint32_t sb = base + st * kStageBytes;
+      mbar_wait(bars + 8 * st, (c / kStages) & 1);
+      if constexpr (DEC) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint4 wq = lds128(sb + 16384 + (wg * 2 + i) * 2304 + wi * 512 + lane * 16);
+          const std::uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) decode_scaled(words[s], s_g, s_g, cur[i][s]);
+        }
+      }
+      const std::uint64_t db = b_descriptor(sb);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) wgmma_m64n128k16_rs(acc[i], cur[i][s], db + 2 * s, 1);
+      wgmma_commit();
+      wgmma_wait_one();
+      if (c > 0) mbar_arrive(bars + 8 * (kStages + (c - 1) % kStages));
+    };
+    for (int c = 0; c < iters; c += 2) {
+      chunk(a, c);
+      chunk(b, c + 1);
+    }
+    wgmma_wait_all();
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int q = 0; q < 64; ++q) sum += acc[i][q];
+    if (sum == 12345.0f) sink[tid] = sum;
+  }
+  const long long t1 = clock64();
+  if (t == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
+#endif
+}
+
+// Best of 5 launches after a warm-up (milliseconds), and the consumer and transform warpgroups'
+// mean cycles per iteration (their first thread's clock64 span, over the CTAs).
+struct Timing {
+  float ms;
+  double consumer, transform;
+};
+template <typename Launch>
+Timing time_kernel(Launch launch, int sms, int iters, long long* cycles_d) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  launch();
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0.0f;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (ms < best) best = ms;
+  }
+  static long long cycles_h[3 * 1024];
+  CHECK(cudaMemcpy(cycles_h, cycles_d, sizeof(long long) * 3 * sms, cudaMemcpyDeviceToHost));
+  double wg0 = 0.0, wg2 = 0.0;
+  for (int i = 0; i < sms; ++i) {
+    wg0 += static_cast<double>(cycles_h[3 * i]);
+    wg2 += static_cast<double>(cycles_h[3 * i + 2]);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return {best, wg0 / sms / iters, wg2 / sms / iters};
+}
+
+void run_pipe(const char* name, bool dec, int sms, int iters, const std::uint8_t* tok, const std::uint8_t* w,
+              float* sink, long long* cycles_d) {
+  const auto fn = dec ? pipe<true> : pipe<false>;
+  CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
+  const Timing r =
+      time_kernel([&] { fn<<<sms, 384, kPipeSmem>>>(iters, tok, w, sink, cycles_d); }, sms, iters, cycles_d);
+  const double bytes = static_cast<double>(sms) * iters * (16384 + 9216);
+  std::printf("%-10s %10.1f us %10.1f cycles/iter (consumer WG); %.2f TB/s into shared memory\n", name,
+              r.ms * 1000.0, r.consumer, bytes / (r.ms * 1e-3) / 1e12);
+}
+
+template <int MODE, int XFW = 1, int N = 128>
+void run(const char* name, int sms, int iters, float* sink, long long* cycles_d) {
+  const auto fn = overlap<MODE, XFW, N>;
+  CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const Timing r =
+      time_kernel([&] { fn<<<sms, 128 * (2 + XFW), kSmem>>>(iters, sink, cycles_d); }, sms, iters, cycles_d);
+  std::printf("%-10s %10.1f us %10.1f cycles/iter (consumer WG) %10.1f cycles/iter (transform WG)\n", name,
+              r.ms * 1000.0, r.consumer, r.transform);
+}
+
+int main() {
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  if (prop.major != 9 || prop.minor != 0) {
+    std::fprintf(stderr, "%s is sm_%d%d: this program needs sm_90 (wgmma)\n", prop.name, prop.major,
+                 prop.minor);
+    return 1;
+  }
+  std::printf(
+      "%s, %d SMs; per iteration: 16 x m64n128k16 (1024 tensor cycles an SM) and/or 2048 words decoded\n",
+      prop.name, sms);
+  float* sink = nullptr;
+  long long* cycles = nullptr;
+  CHECK(cudaMalloc(&sink, 512 * sizeof(float)));
+  CHECK(cudaMalloc(&cycles, 3 * 1024 * sizeof(long long)));
+  const int iters = 4000;
+  for (int rep = 0; rep < 2; ++rep) {
+    run<kSS>("ss", sms, iters, sink, cycles);
+    run<kXF>("xf", sms, iters, sink, cycles);
+    run<kSSXF>("ss+xf", sms, iters, sink, cycles);
+    run<kRS>("rs", sms, iters, sink, cycles);
+    run<kRSXF>("rs+xf", sms, iters, sink, cycles);
+    run<kRSDec>("rs+dec", sms, iters, sink, cycles);
+    run<kXF, 2>("xf2", sms, iters, sink, cycles);
+    run<kSSXF, 2>("ss+xf2", sms, iters, sink, cycles);
+    run<kRSXF, 2>("rs+xf2", sms, iters, sink, cycles);
+    run<kRS, 1, 64>("rs n64", sms, iters, sink, cycles);
+    run<kRSDec, 1, 64>("rs+dec n64", sms, iters, sink, cycles);
+    run<kRS, 1, 32>("rs n32", sms, iters, sink, cycles);
+    run<kRSDec, 1, 32>("rs+dec n32", sms, iters, sink, cycles);
+  }
+  // The pipelined runs: 9 token buffers of 96 chunks (13.5 MB, L2-resident), 132 weight streams
+  // of 96 chunks (117 MB: HBM).
+  std::uint8_t *tok = nullptr, *w = nullptr;
+  const std::size_t tok_bytes = static_cast<std::size_t>((sms + 15) / 16) * kPipeChunks * 16384;
+  const std::size_t w_bytes = static_cast<std::size_t>(sms) * kPipeChunks * 9216;
+  CHECK(cudaMalloc(&tok, tok_bytes));
+  CHECK(cudaMalloc(&w, w_bytes));
+  CHECK(cudaMemset(tok, 0x3c, tok_bytes));
+  CHECK(cudaMemset(w, 0x35, w_bytes));
+  for (int rep = 0; rep < 2; ++rep) {
+    run_pipe("pipe", false, sms, iters, tok, w, sink, cycles);
+    run_pipe("pipe+dec", true, sms, iters, tok, w, sink, cycles);
+  }
+  CHECK(cudaFree(tok));
+  CHECK(cudaFree(w));
+  CHECK(cudaFree(sink));
+  CHECK(cudaFree(cycles));
+  return 0;
+}
