@@ -21,9 +21,13 @@
 //             k-steps: 8 words a thread) before each chunk's wgmmas
 //   xf2 ...   the same with two transform warpgroups, each decoding half the chunk
 //   pipe      rs fed as the kernel feeds it (below: a producer thread, bulk copies, an mbarrier
-//             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature
+//             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature;
+//             +items32 / +items96 with an epilogue (bf16 stores) every 32 / 96 chunks, the down
+//             and gate/up GEMMs' items
 //   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
+//   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
+//             two chunks before it are in flight
 //
 // If ss+xf takes about max(ss, xf), a transform warpgroup hides the decode and the design pays;
 // if about ss + xf, the decode costs the same wherever it runs.
@@ -51,7 +55,7 @@ using namespace fp4moe::kernels;
 #define DIAG_WGMMA 0
 #endif
 
-enum Mode : int { kSS = 0, kXF = 1, kSSXF = 2, kRS = 3, kRSXF = 4, kRSDec = 5 };
+enum Mode : int { kSS = 0, kXF = 1, kSSXF = 2, kRS = 3, kRSXF = 4, kRSDec = 5, kRSDec3 = 6 };
 
 // Shared memory: B (128 tokens x 64 K bf16, 16 KB), A for SS (two warpgroups x 128 rows x 64 K
 // bf16, 32 KB), the transform's FP4 source (8 KB) and its bf16 output (32 KB). 128-byte swizzled,
@@ -165,8 +169,12 @@ __global__ void __launch_bounds__(128 * (2 + XFW), 1) overlap(int iters, float* 
           }
         }
         wgmma_commit();
-        wgmma_wait_one();
-        if constexpr (MODE == kRSDec) {
+        if constexpr (MODE == kRSDec3) {
+          asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory");
+        } else {
+          wgmma_wait_one();
+        }
+        if constexpr (MODE == kRSDec || MODE == kRSDec3) {
           // The next chunk's 8 words, one 16-byte load a block as the kernel reads them.
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -184,9 +192,26 @@ __global__ void __launch_bounds__(128 * (2 + XFW), 1) overlap(int iters, float* 
         for (int s = 0; s < 4; ++s)
 #pragma unroll
           for (int r = 0; r < 4; ++r) b[i][s][r] = a[i][s][r];
-      for (int it = 0; it < iters; it += 2) {
-        chunk(a, b, it);
-        chunk(b, a, it + 1);
+      if constexpr (MODE == kRSDec3) {
+        // Three sets: chunk c's wgmmas issued, then the set of chunk c - 2 (done: wait_group 2)
+        // decoded for chunk c + 1, while c - 1 and c run.
+        std::uint32_t e[2][4][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) e[i][s][r] = a[i][s][r];
+        for (int it = 0; it + 2 < iters; it += 3) {
+          chunk(a, b, it);
+          chunk(b, e, it + 1);
+          chunk(e, a, it + 2);
+        }
+      } else {
+        for (int it = 0; it < iters; it += 2) {
+          chunk(a, b, it);
+          chunk(b, a, it + 1);
+        }
       }
       wgmma_wait_all();
       float sum = 0.0f;
@@ -241,9 +266,13 @@ constexpr int kStageBytes = 16384 + 9216 + 1024;  // token block, weights, to th
 constexpr int kPipeChunks = 96;                   // chunks of an item (K = 6144) before the sources wrap
 constexpr int kPipeSmem = kStages * kStageBytes + 1024;
 
-template <bool DEC>
+// ITEM > 0: every ITEM chunks an item ends: the consumers wait for its wgmmas, store the
+// accumulators as bf16 (64 KB a CTA, 16 bytes a lane, each instruction a warp's contiguous 512
+// bytes, as the down GEMM's staged epilogue stores them) and start the next item from zero.
+template <bool DEC, int ITEM = 0>
 __global__ void __launch_bounds__(384, 1)
-    pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, float* sink, long long* cycles) {
+    pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, std::uint8_t* out, float* sink,
+         long long* cycles) {
 #if DIAG_WGMMA
   extern __shared__ __align__(1024) std::uint8_t smem[];
   const int tid = threadIdx.x;
@@ -307,9 +336,31 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_wait_one();
       if (c > 0) mbar_arrive(bars + 8 * (kStages + (c - 1) % kStages));
     };
+    auto item_end = [&](int c) {
+      if constexpr (ITEM > 0) {
+        if ((c + 1) % ITEM != 0) return;
+        wgmma_wait_all();
+        std::uint8_t* o = out + static_cast<std::int64_t>(blockIdx.x) * 65536 + tid * 16;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          uint4 v;
+          v.x = bf16x2_from_f32(acc[j / 8][(j % 8) * 8 + 0], acc[j / 8][(j % 8) * 8 + 1]);
+          v.y = bf16x2_from_f32(acc[j / 8][(j % 8) * 8 + 2], acc[j / 8][(j % 8) * 8 + 3]);
+          v.z = bf16x2_from_f32(acc[j / 8][(j % 8) * 8 + 4], acc[j / 8][(j % 8) * 8 + 5]);
+          v.w = bf16x2_from_f32(acc[j / 8][(j % 8) * 8 + 6], acc[j / 8][(j % 8) * 8 + 7]);
+          stg128(o + j * 4096, v);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int q = 0; q < 64; ++q) acc[i][q] = 0.0f;
+      }
+    };
     for (int c = 0; c < iters; c += 2) {
       chunk(a, c);
+      item_end(c);
       chunk(b, c + 1);
+      item_end(c + 1);
     }
     wgmma_wait_all();
     float sum = 0.0f;
@@ -360,12 +411,13 @@ Timing time_kernel(Launch launch, int sms, int iters, long long* cycles_d) {
   return {best, wg0 / sms / iters, wg2 / sms / iters};
 }
 
-void run_pipe(const char* name, bool dec, int sms, int iters, const std::uint8_t* tok, const std::uint8_t* w,
-              float* sink, long long* cycles_d) {
-  const auto fn = dec ? pipe<true> : pipe<false>;
+template <bool DEC, int ITEM = 0>
+void run_pipe(const char* name, int sms, int iters, const std::uint8_t* tok, const std::uint8_t* w,
+              std::uint8_t* out, float* sink, long long* cycles_d) {
+  const auto fn = pipe<DEC, ITEM>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
-  const Timing r =
-      time_kernel([&] { fn<<<sms, 384, kPipeSmem>>>(iters, tok, w, sink, cycles_d); }, sms, iters, cycles_d);
+  const Timing r = time_kernel([&] { fn<<<sms, 384, kPipeSmem>>>(iters, tok, w, out, sink, cycles_d); }, sms,
+                               iters, cycles_d);
   const double bytes = static_cast<double>(sms) * iters * (16384 + 9216);
   std::printf("%-10s %10.1f us %10.1f cycles/iter (consumer WG); %.2f TB/s into shared memory\n", name,
               r.ms * 1000.0, r.consumer, bytes / (r.ms * 1e-3) / 1e12);
@@ -414,6 +466,8 @@ int main() {
     run<kRSDec, 1, 64>("rs+dec n64", sms, iters, sink, cycles);
     run<kRS, 1, 32>("rs n32", sms, iters, sink, cycles);
     run<kRSDec, 1, 32>("rs+dec n32", sms, iters, sink, cycles);
+    run<kRSDec3, 1, 64>("rs+dec3 n64", sms, iters, sink, cycles);
+    run<kRSDec3, 1, 32>("rs+dec3 n32", sms, iters, sink, cycles);
   }
   // The pipelined runs: 9 token buffers of 96 chunks (13.5 MB, L2-resident), 132 weight streams
   // of 96 chunks (117 MB: HBM).
@@ -422,14 +476,19 @@ int main() {
   const std::size_t w_bytes = static_cast<std::size_t>(sms) * kPipeChunks * 9216;
   CHECK(cudaMalloc(&tok, tok_bytes));
   CHECK(cudaMalloc(&w, w_bytes));
+  std::uint8_t* out = nullptr;
+  CHECK(cudaMalloc(&out, static_cast<std::size_t>(sms) * 65536));
   CHECK(cudaMemset(tok, 0x3c, tok_bytes));
   CHECK(cudaMemset(w, 0x35, w_bytes));
   for (int rep = 0; rep < 2; ++rep) {
-    run_pipe("pipe", false, sms, iters, tok, w, sink, cycles);
-    run_pipe("pipe+dec", true, sms, iters, tok, w, sink, cycles);
+    run_pipe<false>("pipe", sms, iters, tok, w, out, sink, cycles);
+    run_pipe<true>("pipe+dec", sms, iters, tok, w, out, sink, cycles);
+    run_pipe<true, 32>("+items32", sms, iters, tok, w, out, sink, cycles);
+    run_pipe<true, 96>("+items96", sms, iters, tok, w, out, sink, cycles);
   }
   CHECK(cudaFree(tok));
   CHECK(cudaFree(w));
+  CHECK(cudaFree(out));
   CHECK(cudaFree(sink));
   CHECK(cudaFree(cycles));
   return 0;
