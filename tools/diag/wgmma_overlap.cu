@@ -23,7 +23,7 @@
 //   pipe      rs fed as the kernel feeds it (below: a producer thread, bulk copies, an mbarrier
 //             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature;
 //             +items32 / +items96 with an epilogue (bf16 stores) every 32 / 96 chunks, the down
-//             and gate/up GEMMs' items
+//             and gate/up GEMMs' items; ... mc: CTA pairs multicasting the token block (half each)
 //   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
@@ -33,12 +33,18 @@
 // if about ss + xf, the decode costs the same wherever it runs.
 //
 // Alone: nvcc -std=c++17 -O3 -arch=sm_90a -I. -Iinclude -o wgmma_overlap tools/diag/wgmma_overlap.cu
-// (no arguments; prints a table).
+// Prints a table. --random: random operands (the layer's case, which puts the GPU at its power
+// cap) instead of near-constant ones; --sustain: each run after ~2 s of the same kernel back to
+// back; --pipe-only: only the pipelined runs. TFLOP/s: the tensor work over the best run's time;
+// GHz: the consumers' cycles over it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "kernels/common.cuh"
 #include "kernels/sm90.cuh"
@@ -102,6 +108,15 @@ __device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const std::uint32_
   }
 }
 
+// Two bf16 of random sign and mantissa in +-[1, 2) from a hash of `key` (host and device).
+__host__ __device__ inline std::uint32_t random_bf16x2(std::uint32_t key) {
+  std::uint32_t h = key * 0x9e3779b9u;
+  h ^= h >> 15;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  return (h & 0x807f807fu) | 0x3f803f80u;
+}
+
 // One word of 8 codes decoded and scaled, as the consumers do it.
 __device__ __forceinline__ void decode_scaled(std::uint32_t w, std::uint32_t s_g, std::uint32_t s_g8,
                                               std::uint32_t (&a)[4]) {
@@ -114,16 +129,20 @@ __device__ __forceinline__ void decode_scaled(std::uint32_t w, std::uint32_t s_g
 
 // XFW: transform warpgroups (1 or 2; with 2 each decodes half the chunk).
 template <int MODE, int XFW = 1, int N = 128>
-__global__ void __launch_bounds__(128 * (2 + XFW), 1) overlap(int iters, float* sink, long long* cycles) {
+__global__ void __launch_bounds__(128 * (2 + XFW), 1)
+    overlap(int iters, int random, float* sink, long long* cycles) {
 #if DIAG_WGMMA
   extern __shared__ __align__(1024) std::uint8_t smem[];
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int t = tid % 128;
   const std::uint32_t base = smem_addr(smem);
-  // Small normal bf16 values everywhere (0x3c00.. ~ 0.0078), so no operand is NaN or subnormal.
+  // Small normal bf16 values everywhere (0x3c00.. ~ 0.0078), so no operand is NaN or subnormal;
+  // `random`: random signs and mantissas in +-[1, 2) (random FP4 codes where read as weights).
   for (int i = tid * 4; i < kSmem; i += static_cast<int>(blockDim.x) * 4)
-    *reinterpret_cast<std::uint32_t*>(smem + i) = 0x3c003c00u + (static_cast<std::uint32_t>(i) & 0x007f007fu);
+    *reinterpret_cast<std::uint32_t*>(smem + i) =
+        random ? random_bf16x2(static_cast<std::uint32_t>(i) ^ (blockIdx.x << 20))
+               : 0x3c003c00u + (static_cast<std::uint32_t>(i) & 0x007f007fu);
   __syncthreads();
   const bool consumer = wg < 2;
   const bool consumers_run = MODE != kXF;
@@ -269,7 +288,11 @@ constexpr int kPipeSmem = kStages * kStageBytes + 1024;
 // ITEM > 0: every ITEM chunks an item ends: the consumers wait for its wgmmas, store the
 // accumulators as bf16 (64 KB a CTA, 16 bytes a lane, each instruction a warp's contiguous 512
 // bytes, as the down GEMM's staged epilogue stores them) and start the next item from zero.
-template <bool DEC, int ITEM = 0>
+// MC: CTAs in clusters of two (the same token block, as two row groups of an expert), each
+// loading half of every token block and multicasting it into both CTAs' stages, so that L2 sends
+// each token block once per pair; a stage is then free only once both CTAs' consumers released
+// it (one arrival per consumer warp on each CTA's "empty" barrier).
+template <bool DEC, int ITEM = 0, bool MC = false>
 __global__ void __launch_bounds__(384, 1)
     pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, std::uint8_t* out, float* sink,
          long long* cycles) {
@@ -283,11 +306,17 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       mbar_init(bars + 8 * st, 1);
-      mbar_init(bars + 8 * (kStages + st), 256);
+      mbar_init(bars + 8 * (kStages + st), MC ? 16 : 256);
     }
     mbar_fence_init();
   }
   __syncthreads();
+  std::uint32_t rank = 0;
+  if constexpr (MC) {
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+  }
   long long t0 = clock64();
   if (wg == 2) {
     setmaxnreg_dec<40>();
@@ -298,7 +327,19 @@ __global__ void __launch_bounds__(384, 1)
         const int st = c % kStages;
         mbar_wait(bars + 8 * (kStages + st), ((c / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(bars + 8 * st, 16384 + 9216);
-        bulk_copy(base + st * kStageBytes, tok + (c % kPipeChunks) * 16384, 16384, bars + 8 * st);
+        if constexpr (MC) {
+          // This CTA's half of the token block into both CTAs' stage (same offsets, same barrier).
+          const std::uint32_t half = rank * 8192;
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+              "[%1], "
+              "%2, [%3], %4;\n" ::"r"(base + st * kStageBytes + half),
+              "l"(tok + (c % kPipeChunks) * 16384 + half), "r"(8192), "r"(bars + 8 * st),
+              "h"(static_cast<unsigned short>(3))
+              : "memory");
+        } else {
+          bulk_copy(base + st * kStageBytes, tok + (c % kPipeChunks) * 16384, 16384, bars + 8 * st);
+        }
         bulk_copy(base + st * kStageBytes + 16384, w + (c % kPipeChunks) * 9216, 9216, bars + 8 * st);
       }
     }
@@ -334,7 +375,22 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < 2; ++i) wgmma_m64n128k16_rs(acc[i], cur[i][s], db + 2 * s, 1);
       wgmma_commit();
       wgmma_wait_one();
-      if (c > 0) mbar_arrive(bars + 8 * (kStages + (c - 1) % kStages));
+      if (c > 0) {
+        const std::uint32_t empty = bars + 8 * (kStages + (c - 1) % kStages);
+        if constexpr (MC) {
+          if (lane == 0) {  // for the warp (past the warpgroup's wait), in both CTAs of the pair
+            std::uint32_t remote;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                         : "=r"(remote)
+                         : "r"(empty), "r"(rank ^ 1u));
+            mbar_arrive(empty);
+            asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+                         : "memory");
+          }
+        } else {
+          mbar_arrive(empty);
+        }
+      }
     };
     auto item_end = [&](int c) {
       if constexpr (ITEM > 0) {
@@ -372,8 +428,20 @@ __global__ void __launch_bounds__(384, 1)
   }
   const long long t1 = clock64();
   if (t == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
+  if constexpr (MC) {  // no CTA leaves while its peer may still write or arrive into it
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+  }
 #endif
 }
+
+// Whether the operands are random (the layer's case, which puts the GPU at its power cap) or
+// near-constant, and whether each run follows ~2 s of the same kernel back to back.
+struct Options {
+  int random = 0;
+  bool sustain = false;
+  bool pipe_only = false;  // only the pipelined runs
+};
 
 // Best of 5 launches after a warm-up (milliseconds), and the consumer and transform warpgroups'
 // mean cycles per iteration (their first thread's clock64 span, over the CTAs).
@@ -411,29 +479,68 @@ Timing time_kernel(Launch launch, int sms, int iters, long long* cycles_d) {
   return {best, wg0 / sms / iters, wg2 / sms / iters};
 }
 
-template <bool DEC, int ITEM = 0>
-void run_pipe(const char* name, int sms, int iters, const std::uint8_t* tok, const std::uint8_t* w,
-              std::uint8_t* out, float* sink, long long* cycles_d) {
-  const auto fn = pipe<DEC, ITEM>;
+template <bool DEC, int ITEM = 0, bool MC = false>
+void run_pipe(const char* name, int sms, int iters, const Options& o, const std::uint8_t* tok,
+              const std::uint8_t* w, std::uint8_t* out, float* sink, long long* cycles_d) {
+  const auto fn = pipe<DEC, ITEM, MC>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
-  const Timing r = time_kernel([&] { fn<<<sms, 384, kPipeSmem>>>(iters, tok, w, out, sink, cycles_d); }, sms,
-                               iters, cycles_d);
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(static_cast<unsigned>(sms / 2 * 2));
+  lc.blockDim = dim3(384);
+  lc.dynamicSmemBytes = kPipeSmem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = MC ? 1 : 0;
+  auto launch = [&] { CHECK(cudaLaunchKernelEx(&lc, fn, iters, tok, w, out, sink, cycles_d)); };
+  if (o.sustain) {
+    for (int r = 0; r < 2000 / 3; ++r) launch();
+  }
+  const Timing r = time_kernel(launch, sms, iters, cycles_d);
   const double bytes = static_cast<double>(sms) * iters * (16384 + 9216);
-  std::printf("%-10s %10.1f us %10.1f cycles/iter (consumer WG); %.2f TB/s into shared memory\n", name,
-              r.ms * 1000.0, r.consumer, bytes / (r.ms * 1e-3) / 1e12);
+  const double macs = 16.0 * 64.0 * 128.0 * 16.0 * sms * iters;
+  std::printf(
+      "%-12s %10.1f us %8.1f cycles/iter (consumer WG); %.2f TB/s to shared memory; %4.0f TFLOP/s %5.2f "
+      "GHz\n",
+      name, r.ms * 1000.0, r.consumer, bytes / (r.ms * 1e-3) / 1e12, 2.0 * macs / (r.ms * 1e-3) / 1e12,
+      r.consumer * iters / (r.ms * 1e-3) / 1e9);
 }
 
 template <int MODE, int XFW = 1, int N = 128>
-void run(const char* name, int sms, int iters, float* sink, long long* cycles_d) {
+void run(const char* name, int sms, int iters, const Options& o, float* sink, long long* cycles_d) {
   const auto fn = overlap<MODE, XFW, N>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const Timing r =
-      time_kernel([&] { fn<<<sms, 128 * (2 + XFW), kSmem>>>(iters, sink, cycles_d); }, sms, iters, cycles_d);
-  std::printf("%-10s %10.1f us %10.1f cycles/iter (consumer WG) %10.1f cycles/iter (transform WG)\n", name,
-              r.ms * 1000.0, r.consumer, r.transform);
+  auto launch = [&] { fn<<<sms, 128 * (2 + XFW), kSmem>>>(iters, o.random, sink, cycles_d); };
+  if (o.sustain) {
+    for (int r = 0; r < 2000 / 3; ++r) launch();  // ~2 s of it before the timed runs
+  }
+  const Timing r = time_kernel(launch, sms, iters, cycles_d);
+  const double macs = MODE == kXF ? 0.0 : 16.0 * 64.0 * N * 16.0 * sms * iters;
+  const double cyc = MODE == kXF ? r.transform : r.consumer;
+  std::printf(
+      "%-12s %10.1f us %8.1f cycles/iter (consumer WG) %8.1f (transform WG); %4.0f TFLOP/s %5.2f GHz\n", name,
+      r.ms * 1000.0, r.consumer, r.transform, 2.0 * macs / (r.ms * 1e-3) / 1e12,
+      cyc * iters / (r.ms * 1e-3) / 1e9);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--random") {
+      o.random = 1;
+    } else if (a == "--sustain") {
+      o.sustain = true;
+    } else if (a == "--pipe-only") {
+      o.pipe_only = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--random] [--sustain] [--pipe-only]\n", argv[0]);
+      return 2;
+    }
+  }
   int dev = 0, sms = 0;
   CHECK(cudaGetDevice(&dev));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -452,22 +559,22 @@ int main() {
   CHECK(cudaMalloc(&sink, 512 * sizeof(float)));
   CHECK(cudaMalloc(&cycles, 3 * 1024 * sizeof(long long)));
   const int iters = 4000;
-  for (int rep = 0; rep < 2; ++rep) {
-    run<kSS>("ss", sms, iters, sink, cycles);
-    run<kXF>("xf", sms, iters, sink, cycles);
-    run<kSSXF>("ss+xf", sms, iters, sink, cycles);
-    run<kRS>("rs", sms, iters, sink, cycles);
-    run<kRSXF>("rs+xf", sms, iters, sink, cycles);
-    run<kRSDec>("rs+dec", sms, iters, sink, cycles);
-    run<kXF, 2>("xf2", sms, iters, sink, cycles);
-    run<kSSXF, 2>("ss+xf2", sms, iters, sink, cycles);
-    run<kRSXF, 2>("rs+xf2", sms, iters, sink, cycles);
-    run<kRS, 1, 64>("rs n64", sms, iters, sink, cycles);
-    run<kRSDec, 1, 64>("rs+dec n64", sms, iters, sink, cycles);
-    run<kRS, 1, 32>("rs n32", sms, iters, sink, cycles);
-    run<kRSDec, 1, 32>("rs+dec n32", sms, iters, sink, cycles);
-    run<kRSDec3, 1, 64>("rs+dec3 n64", sms, iters, sink, cycles);
-    run<kRSDec3, 1, 32>("rs+dec3 n32", sms, iters, sink, cycles);
+  for (int rep = 0; rep < (o.pipe_only ? 0 : o.sustain ? 1 : 2); ++rep) {
+    run<kSS>("ss", sms, iters, o, sink, cycles);
+    run<kXF>("xf", sms, iters, o, sink, cycles);
+    run<kSSXF>("ss+xf", sms, iters, o, sink, cycles);
+    run<kRS>("rs", sms, iters, o, sink, cycles);
+    run<kRSXF>("rs+xf", sms, iters, o, sink, cycles);
+    run<kRSDec>("rs+dec", sms, iters, o, sink, cycles);
+    run<kXF, 2>("xf2", sms, iters, o, sink, cycles);
+    run<kSSXF, 2>("ss+xf2", sms, iters, o, sink, cycles);
+    run<kRSXF, 2>("rs+xf2", sms, iters, o, sink, cycles);
+    run<kRS, 1, 64>("rs n64", sms, iters, o, sink, cycles);
+    run<kRSDec, 1, 64>("rs+dec n64", sms, iters, o, sink, cycles);
+    run<kRS, 1, 32>("rs n32", sms, iters, o, sink, cycles);
+    run<kRSDec, 1, 32>("rs+dec n32", sms, iters, o, sink, cycles);
+    run<kRSDec3, 1, 64>("rs+dec3 n64", sms, iters, o, sink, cycles);
+    run<kRSDec3, 1, 32>("rs+dec3 n32", sms, iters, o, sink, cycles);
   }
   // The pipelined runs: 9 token buffers of 96 chunks (13.5 MB, L2-resident), 132 weight streams
   // of 96 chunks (117 MB: HBM).
@@ -478,13 +585,24 @@ int main() {
   CHECK(cudaMalloc(&w, w_bytes));
   std::uint8_t* out = nullptr;
   CHECK(cudaMalloc(&out, static_cast<std::size_t>(sms) * 65536));
-  CHECK(cudaMemset(tok, 0x3c, tok_bytes));
-  CHECK(cudaMemset(w, 0x35, w_bytes));
-  for (int rep = 0; rep < 2; ++rep) {
-    run_pipe<false>("pipe", sms, iters, tok, w, out, sink, cycles);
-    run_pipe<true>("pipe+dec", sms, iters, tok, w, out, sink, cycles);
-    run_pipe<true, 32>("+items32", sms, iters, tok, w, out, sink, cycles);
-    run_pipe<true, 96>("+items96", sms, iters, tok, w, out, sink, cycles);
+  if (o.random) {
+    std::vector<std::uint32_t> h(std::max(tok_bytes, w_bytes) / 4);
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = random_bf16x2(static_cast<std::uint32_t>(i));
+    CHECK(cudaMemcpy(tok, h.data(), tok_bytes, cudaMemcpyHostToDevice));
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] ^= random_bf16x2(static_cast<std::uint32_t>(i) ^ 0x5a5a5a5au) << 7;
+    CHECK(cudaMemcpy(w, h.data(), w_bytes, cudaMemcpyHostToDevice));
+  } else {
+    CHECK(cudaMemset(tok, 0x3c, tok_bytes));
+    CHECK(cudaMemset(w, 0x35, w_bytes));
+  }
+  for (int rep = 0; rep < (o.sustain ? 1 : 2); ++rep) {
+    run_pipe<false>("pipe", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true>("pipe+dec", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 32>("+items32", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96>("+items96", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, true>("pipe+dec mc", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96, true>("+items96 mc", sms, iters, o, tok, w, out, sink, cycles);
   }
   CHECK(cudaFree(tok));
   CHECK(cudaFree(w));
