@@ -204,23 +204,22 @@ __global__ void __launch_bounds__(128 * (2 + XFW), 1)
           }
         }
       };
-      std::uint32_t b[2][4][4];
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) b[i][s][r] = a[i][s][r];
-      if constexpr (MODE == kRSDec3) {
-        // Three sets: chunk c's wgmmas issued, then the set of chunk c - 2 (done: wait_group 2)
-        // decoded for chunk c + 1, while c - 1 and c run.
-        std::uint32_t e[2][4][4];
+      // The other A sets start as copies of the first.
+      auto copy_set = [](std::uint32_t(&dst)[2][4][4], const std::uint32_t(&src)[2][4][4]) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int s = 0; s < 4; ++s)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) e[i][s][r] = a[i][s][r];
+            for (int r = 0; r < 4; ++r) dst[i][s][r] = src[i][s][r];
+      };
+      std::uint32_t b[2][4][4];
+      copy_set(b, a);
+      if constexpr (MODE == kRSDec3) {
+        // Three sets: chunk c's wgmmas issued, then the set of chunk c - 2 (done: wait_group 2)
+        // decoded for chunk c + 1, while c - 1 and c run.
+        std::uint32_t e[2][4][4];
+        copy_set(e, a);
         for (int it = 0; it + 2 < iters; it += 3) {
           chunk(a, b, it);
           chunk(b, e, it + 1);
