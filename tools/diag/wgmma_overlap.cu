@@ -23,7 +23,8 @@
 //   pipe      rs fed as the kernel feeds it (below: a producer thread, bulk copies, an mbarrier
 //             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature;
 //             +items32 / +items96 with an epilogue (bf16 stores) every 32 / 96 chunks, the down
-//             and gate/up GEMMs' items; ... mc: CTA pairs multicasting the token block (half each)
+//             and gate/up GEMMs' items; ... mc: CTA pairs multicasting the token block (half each;
+//             "whole": the pair's first CTA all of it), s8: an 8-stage ring
 //   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
@@ -282,16 +283,19 @@ __global__ void __launch_bounds__(128 * (2 + XFW), 1)
 constexpr int kStages = 6;
 constexpr int kStageBytes = 16384 + 9216 + 1024;  // token block, weights, to the next 1 KB
 constexpr int kPipeChunks = 96;                   // chunks of an item (K = 6144) before the sources wrap
-constexpr int kPipeSmem = kStages * kStageBytes + 1024;
+constexpr int pipe_smem(int stages) {
+  return stages * kStageBytes + 1024;
+}
 
 // ITEM > 0: every ITEM chunks an item ends: the consumers wait for its wgmmas, store the
 // accumulators as bf16 (64 KB a CTA, 16 bytes a lane, each instruction a warp's contiguous 512
 // bytes, as the down GEMM's staged epilogue stores them) and start the next item from zero.
-// MC: CTAs in clusters of two (the same token block, as two row groups of an expert), each
+// MC 1: CTAs in clusters of two (the same token block, as two row groups of an expert), each
 // loading half of every token block and multicasting it into both CTAs' stages, so that L2 sends
 // each token block once per pair; a stage is then free only once both CTAs' consumers released
-// it (one arrival per consumer warp on each CTA's "empty" barrier).
-template <bool DEC, int ITEM = 0, bool MC = false>
+// it (one arrival per consumer warp on each CTA's "empty" barrier). MC 2: the same with the pair's
+// first CTA multicasting the whole block. STAGES: the ring's depth.
+template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages>
 __global__ void __launch_bounds__(384, 1)
     pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, std::uint8_t* out, float* sink,
          long long* cycles) {
@@ -301,17 +305,17 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = tid / 128;
   const int t = tid % 128;
   const std::uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
-  const std::uint32_t bars = base + kStages * kStageBytes;  // full[s] at 8 s, empty[s] at 8 (kStages + s)
+  const std::uint32_t bars = base + STAGES * kStageBytes;  // full[s] at 8 s, empty[s] at 8 (STAGES + s)
   if (tid == 0) {
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < STAGES; ++st) {
       mbar_init(bars + 8 * st, 1);
-      mbar_init(bars + 8 * (kStages + st), MC ? 16 : 256);
+      mbar_init(bars + 8 * (STAGES + st), MC != 0 ? 16 : 256);
     }
     mbar_fence_init();
   }
   __syncthreads();
   std::uint32_t rank = 0;
-  if constexpr (MC) {
+  if constexpr (MC != 0) {
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                      : "memory");
@@ -323,19 +327,22 @@ __global__ void __launch_bounds__(384, 1)
       const std::uint8_t* tok = tokens + static_cast<std::int64_t>(blockIdx.x / 16) * kPipeChunks * 16384;
       const std::uint8_t* w = weights + static_cast<std::int64_t>(blockIdx.x) * kPipeChunks * 9216;
       for (int c = 0; c < iters; ++c) {
-        const int st = c % kStages;
-        mbar_wait(bars + 8 * (kStages + st), ((c / kStages) & 1) ^ 1);
+        const int st = c % STAGES;
+        mbar_wait(bars + 8 * (STAGES + st), ((c / STAGES) & 1) ^ 1);
         mbar_arrive_expect_tx(bars + 8 * st, 16384 + 9216);
-        if constexpr (MC) {
-          // This CTA's half of the token block into both CTAs' stage (same offsets, same barrier).
-          const std::uint32_t half = rank * 8192;
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-              "[%1], "
-              "%2, [%3], %4;\n" ::"r"(base + st * kStageBytes + half),
-              "l"(tok + (c % kPipeChunks) * 16384 + half), "r"(8192), "r"(bars + 8 * st),
-              "h"(static_cast<unsigned short>(3))
-              : "memory");
+        if constexpr (MC != 0) {
+          // MC 1: this CTA's half of the token block into both CTAs' stage (same offsets, same
+          // barrier); MC 2: the pair's first CTA copies the whole block into both.
+          const std::uint32_t off = MC == 1 ? rank * 8192 : 0;
+          const std::uint32_t bytes = MC == 1 ? 8192 : 16384;
+          if (MC == 1 || rank == 0) {
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                "[%1], %2, [%3], %4;\n" ::"r"(base + st * kStageBytes + off),
+                "l"(tok + (c % kPipeChunks) * 16384 + off), "r"(bytes), "r"(bars + 8 * st),
+                "h"(static_cast<unsigned short>(3))
+                : "memory");
+          }
         } else {
           bulk_copy(base + st * kStageBytes, tok + (c % kPipeChunks) * 16384, 16384, bars + 8 * st);
         }
@@ -352,11 +359,11 @@ __global__ void __launch_bounds__(384, 1)
     const std::uint32_t s_g = scale_pair_from_bytes(0x38383838u & 0x00ff00ffu);
     const int lane = t % 32, wi = t / 32;
     std::uint32_t a[2][4][4] = {}, b[2][4][4] = {};
-    // Chunk c from stage c % kStages on A set `cur`; then the stage of chunk c - 1 freed.
+    // Chunk c from stage c % STAGES on A set `cur`; then the stage of chunk c - 1 freed.
     auto chunk = [&](std::uint32_t(&cur)[2][4][4], int c) {
-      const int st = c % kStages;
+      const int st = c % STAGES;
       const std::uint32_t sb = base + st * kStageBytes;
-      mbar_wait(bars + 8 * st, (c / kStages) & 1);
+      mbar_wait(bars + 8 * st, (c / STAGES) & 1);
       if constexpr (DEC) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -375,8 +382,8 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_commit();
       wgmma_wait_one();
       if (c > 0) {
-        const std::uint32_t empty = bars + 8 * (kStages + (c - 1) % kStages);
-        if constexpr (MC) {
+        const std::uint32_t empty = bars + 8 * (STAGES + (c - 1) % STAGES);
+        if constexpr (MC != 0) {
           if (lane == 0) {  // for the warp (past the warpgroup's wait), in both CTAs of the pair
             std::uint32_t remote;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
@@ -427,7 +434,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   const long long t1 = clock64();
   if (t == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
-  if constexpr (MC) {  // no CTA leaves while its peer may still write or arrive into it
+  if constexpr (MC != 0) {  // no CTA leaves while its peer may still write or arrive into it
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                      : "memory");
   }
@@ -478,22 +485,22 @@ Timing time_kernel(Launch launch, int sms, int iters, long long* cycles_d) {
   return {best, wg0 / sms / iters, wg2 / sms / iters};
 }
 
-template <bool DEC, int ITEM = 0, bool MC = false>
+template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages>
 void run_pipe(const char* name, int sms, int iters, const Options& o, const std::uint8_t* tok,
               const std::uint8_t* w, std::uint8_t* out, float* sink, long long* cycles_d) {
-  const auto fn = pipe<DEC, ITEM, MC>;
-  CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmem));
+  const auto fn = pipe<DEC, ITEM, MC, STAGES>;
+  CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, pipe_smem(STAGES)));
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(sms / 2 * 2));
   lc.blockDim = dim3(384);
-  lc.dynamicSmemBytes = kPipeSmem;
+  lc.dynamicSmemBytes = pipe_smem(STAGES);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
-  lc.numAttrs = MC ? 1 : 0;
+  lc.numAttrs = MC != 0 ? 1 : 0;
   auto launch = [&] { CHECK(cudaLaunchKernelEx(&lc, fn, iters, tok, w, out, sink, cycles_d)); };
   if (o.sustain) {
     for (int r = 0; r < 2000 / 3; ++r) launch();
@@ -600,8 +607,11 @@ int main(int argc, char** argv) {
     run_pipe<true>("pipe+dec", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<true, 32>("+items32", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<true, 96>("+items96", sms, iters, o, tok, w, out, sink, cycles);
-    run_pipe<true, 0, true>("pipe+dec mc", sms, iters, o, tok, w, out, sink, cycles);
-    run_pipe<true, 96, true>("+items96 mc", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 1>("pipe+dec mc", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96, 1>("+items96 mc", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 0, 8>("pipe+dec s8", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 1, 8>("mc s8", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 2>("mc whole", sms, iters, o, tok, w, out, sink, cycles);
   }
   CHECK(cudaFree(tok));
   CHECK(cudaFree(w));
