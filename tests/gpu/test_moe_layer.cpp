@@ -623,8 +623,6 @@ Routing routing_from_counts(const std::vector<int>& counts) {
   return r;
 }
 
-// Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
-// chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
 // The wgmma down GEMM stores 16 bytes at a time (its staged epilogue): launch_wgmma_gemm refuses
 // output rows that are not 16-byte aligned, by their stride or their start, before any CUDA call
 // (so this runs without a GPU too). MoeLayer's workspace always passes.
@@ -642,6 +640,8 @@ TEST(GpuMoeLayer, WgmmaDownGemmRefusesUnalignedOutput) {
             cudaErrorInvalidValue);
 }
 
+// Each expert's last, short token block runs on narrower wgmma instances (tail launches): counts
+// chosen so that last blocks fall on every boundary of the 128-token and 64-token main blocks.
 TEST(GpuMoeLayer, WgmmaTailBlocksOfEverySizeAreCorrect) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = twelve_expert_desc();
