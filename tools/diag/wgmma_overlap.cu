@@ -24,7 +24,9 @@
 //             ring), pipe+dec the same with the consumers' decode: the wgmma kernel in miniature;
 //             +items32 / +items96 with an epilogue (bf16 stores) every 32 / 96 chunks, the down
 //             and gate/up GEMMs' items; ... mc: CTA pairs multicasting the token block (half each;
-//             "whole": the pair's first CTA all of it), s8: an 8-stage ring
+//             "whole": the pair's first CTA all of it), s8: an 8-stage ring; tm: the token block
+//             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
+//             no decode in the loop, the A registers random FP4 decoded once (the layer's data)
 //   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
@@ -36,8 +38,10 @@
 // Alone: nvcc -std=c++17 -O3 -arch=sm_90a -I. -Iinclude -o wgmma_overlap tools/diag/wgmma_overlap.cu
 // Prints a table. --random: random operands (the layer's case, which puts the GPU at its power
 // cap) instead of near-constant ones; --sustain: each run after ~2 s of the same kernel back to
-// back; --pipe-only: only the pipelined runs. TFLOP/s: the tensor work over the best run's time;
+// back; --pipe-only: only the pipelined runs; --only a,b: only the rows named. TFLOP/s: the tensor work over the best run's time;
 // GHz: the consumers' cycles over it.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -294,11 +298,22 @@ constexpr int pipe_smem(int stages) {
 // loading half of every token block and multicasting it into both CTAs' stages, so that L2 sends
 // each token block once per pair; a stage is then free only once both CTAs' consumers released
 // it (one arrival per consumer warp on each CTA's "empty" barrier). MC 2: the same with the pair's
-// first CTA multicasting the whole block. STAGES: the ring's depth.
-template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages>
+// first CTA multicasting the whole block. MC 3: as MC 1, but each half (64 token rows) copied through
+// a tensor map (`cp.async.bulk.tensor ... .multicast::cluster`, 128-byte swizzle, as the kernel
+// copies its down GEMM's token block); MC 4: unpaired, the whole block through a tensor map (MC 3's
+// baseline). MC 5: MC 1 with the remote arrivals at cluster scope (`.release.cluster`, the first
+// version's form, which ptxas fences with MEMBAR.ALL.GPU per arrival). STAGES: the ring's depth.
+constexpr bool pair_of(int mc) {
+  return mc >= 1 && mc <= 3 || mc == 5;
+}
+// RA (with DEC false): the A registers hold random FP4 codes decoded and scaled once before the
+// loop, so that the tensor cores multiply data like the layer's with no decode in the loop (the
+// A registers are zero otherwise).
+template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages, bool RA = false>
 __global__ void __launch_bounds__(384, 1)
-    pipe(int iters, const std::uint8_t* tokens, const std::uint8_t* weights, std::uint8_t* out, float* sink,
-         long long* cycles) {
+    pipe(int iters, const std::uint8_t* tokens, const __grid_constant__ CUtensorMap tok_map,
+         const std::uint8_t* weights, std::uint8_t* out, float* sink, long long* cycles) {
+  constexpr bool kPair = pair_of(MC);
 #if DIAG_WGMMA
   extern __shared__ __align__(1024) std::uint8_t smem[];
   const int tid = threadIdx.x;
@@ -309,13 +324,13 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(bars + 8 * st, 1);
-      mbar_init(bars + 8 * (STAGES + st), MC != 0 ? 16 : 256);
+      mbar_init(bars + 8 * (STAGES + st), kPair ? 16 : 256);
     }
     mbar_fence_init();
   }
   __syncthreads();
   std::uint32_t rank = 0;
-  if constexpr (MC != 0) {
+  if constexpr (kPair) {
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                      : "memory");
@@ -330,12 +345,28 @@ __global__ void __launch_bounds__(384, 1)
         const int st = c % STAGES;
         mbar_wait(bars + 8 * (STAGES + st), ((c / STAGES) & 1) ^ 1);
         mbar_arrive_expect_tx(bars + 8 * st, 16384 + 9216);
-        if constexpr (MC != 0) {
+        if constexpr (MC == 3 || MC == 4) {
+          // Token rows of the tensor map: the CTA group's 128 (this CTA's 64 of them in a pair),
+          // K from the chunk; into both CTAs' stages at the same offset (MC 3).
+          const int row = static_cast<int>(blockIdx.x / 16) * 128 + (MC == 3 ? static_cast<int>(rank) * 64 : 0);
+          const int k0 = (c % kPipeChunks) * 64;
+          const std::uint32_t dst = base + st * kStageBytes + (MC == 3 ? rank * 8192 : 0);
+          if constexpr (MC == 3) {
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::"
+                "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                "l"(reinterpret_cast<std::uint64_t>(&tok_map)), "r"(k0), "r"(row), "r"(bars + 8 * st),
+                "h"(static_cast<unsigned short>(3))
+                : "memory");
+          } else {
+            tma_load_2d(dst, &tok_map, k0, row, bars + 8 * st);
+          }
+        } else if constexpr (MC != 0) {
           // MC 1: this CTA's half of the token block into both CTAs' stage (same offsets, same
           // barrier); MC 2: the pair's first CTA copies the whole block into both.
-          const std::uint32_t off = MC == 1 ? rank * 8192 : 0;
-          const std::uint32_t bytes = MC == 1 ? 8192 : 16384;
-          if (MC == 1 || rank == 0) {
+          const std::uint32_t off = MC != 2 ? rank * 8192 : 0;
+          const std::uint32_t bytes = MC != 2 ? 8192 : 16384;
+          if (MC != 2 || rank == 0) {
             asm volatile(
                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
                 "[%1], %2, [%3], %4;\n" ::"r"(base + st * kStageBytes + off),
@@ -359,6 +390,19 @@ __global__ void __launch_bounds__(384, 1)
     const std::uint32_t s_g = scale_pair_from_bytes(0x38383838u & 0x00ff00ffu);
     const int lane = t % 32, wi = t / 32;
     std::uint32_t a[2][4][4] = {}, b[2][4][4] = {};
+    if constexpr (RA) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          std::uint32_t h = (tid * 8 + i * 4 + s + 1) * 0x9e3779b9u + blockIdx.x * 0x85ebca6bu;
+          h ^= h >> 16;
+          h *= 0x7feb352du;
+          h ^= h >> 15;
+          decode_scaled(h, s_g, s_g, a[i][s]);
+          decode_scaled(h * 0x2c1b3c6du, s_g, s_g, b[i][s]);
+        }
+    }
     // Chunk c from stage c % STAGES on A set `cur`; then the stage of chunk c - 1 freed.
     auto chunk = [&](std::uint32_t(&cur)[2][4][4], int c) {
       const int st = c % STAGES;
@@ -383,15 +427,21 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_wait_one();
       if (c > 0) {
         const std::uint32_t empty = bars + 8 * (STAGES + (c - 1) % STAGES);
-        if constexpr (MC != 0) {
+        if constexpr (kPair) {
           if (lane == 0) {  // for the warp (past the warpgroup's wait), in both CTAs of the pair
             std::uint32_t remote;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                          : "=r"(remote)
                          : "r"(empty), "r"(rank ^ 1u));
             mbar_arrive(empty);
-            asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-                         : "memory");
+            if constexpr (MC == 5) {
+              // Cluster-scope release: ptxas puts MEMBAR.ALL.GPU (and CGAERRBAR) before it.
+              asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+                           : "memory");
+            } else {
+              // The default (.release.cta) semantics, as CUTLASS's ClusterBarrier::arrive: no fence.
+              asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+            }
           }
         } else {
           mbar_arrive(empty);
@@ -434,7 +484,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   const long long t1 = clock64();
   if (t == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
-  if constexpr (MC != 0) {  // no CTA leaves while its peer may still write or arrive into it
+  if constexpr (kPair) {  // no CTA leaves while its peer may still write or arrive into it
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                      : "memory");
   }
@@ -447,6 +497,10 @@ struct Options {
   int random = 0;
   bool sustain = false;
   bool pipe_only = false;  // only the pipelined runs
+  std::vector<std::string> only;  // --only: the rows of these names (all when empty)
+  bool selected(const char* name) const {
+    return only.empty() || std::find(only.begin(), only.end(), std::string(name)) != only.end();
+  }
 };
 
 // Best of 5 launches after a warm-up (milliseconds), and the consumer and transform warpgroups'
@@ -485,10 +539,39 @@ Timing time_kernel(Launch launch, int sms, int iters, long long* cycles_d) {
   return {best, wg0 / sms / iters, wg2 / sms / iters};
 }
 
-template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages>
+// The token buffer as a tensor map for MC 3 / 4: [groups x 128 token rows][6144 bf16] (the same
+// bytes as the bulk copies' 96 chunks of 16 KB a group, in another order), boxes of 64 K x `rows`
+// token rows written with the 128-byte swizzle, as the kernel's token-block map.
+CUtensorMap token_map(const std::uint8_t* tok, int groups, int rows) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+    std::exit(1);
+  }
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kPipeChunks) * 64, static_cast<cuuint64_t>(groups) * 128};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kPipeChunks) * 64 * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint8_t*>(tok), dims,
+                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages, bool RA = false>
 void run_pipe(const char* name, int sms, int iters, const Options& o, const std::uint8_t* tok,
               const std::uint8_t* w, std::uint8_t* out, float* sink, long long* cycles_d) {
-  const auto fn = pipe<DEC, ITEM, MC, STAGES>;
+  if (!o.selected(name)) return;
+  const CUtensorMap map = token_map(tok, (sms + 15) / 16, MC == 3 ? 64 : 128);
+  const auto fn = pipe<DEC, ITEM, MC, STAGES, RA>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, pipe_smem(STAGES)));
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(sms / 2 * 2));
@@ -500,8 +583,8 @@ void run_pipe(const char* name, int sms, int iters, const Options& o, const std:
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
-  lc.numAttrs = MC != 0 ? 1 : 0;
-  auto launch = [&] { CHECK(cudaLaunchKernelEx(&lc, fn, iters, tok, w, out, sink, cycles_d)); };
+  lc.numAttrs = pair_of(MC) ? 1 : 0;
+  auto launch = [&] { CHECK(cudaLaunchKernelEx(&lc, fn, iters, tok, map, w, out, sink, cycles_d)); };
   if (o.sustain) {
     for (int r = 0; r < 2000 / 3; ++r) launch();
   }
@@ -517,6 +600,7 @@ void run_pipe(const char* name, int sms, int iters, const Options& o, const std:
 
 template <int MODE, int XFW = 1, int N = 128>
 void run(const char* name, int sms, int iters, const Options& o, float* sink, long long* cycles_d) {
+  if (!o.selected(name)) return;
   const auto fn = overlap<MODE, XFW, N>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   auto launch = [&] { fn<<<sms, 128 * (2 + XFW), kSmem>>>(iters, o.random, sink, cycles_d); };
@@ -542,8 +626,15 @@ int main(int argc, char** argv) {
       o.sustain = true;
     } else if (a == "--pipe-only") {
       o.pipe_only = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        o.only.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--random] [--sustain] [--pipe-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--random] [--sustain] [--pipe-only] [--only NAME,NAME...]\n", argv[0]);
       return 2;
     }
   }
@@ -612,6 +703,15 @@ int main(int argc, char** argv) {
     run_pipe<true, 0, 0, 8>("pipe+dec s8", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<true, 0, 1, 8>("mc s8", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<true, 0, 2>("mc whole", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 5>("mc relcl", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 4>("pipe+dec tm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 3>("mc tm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96, 4>("+items96 tm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96, 3>("+items96 mctm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<false, 0, 4>("pipe tm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<false, 0, 3>("pipe mctm", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<false, 0, 0, kStages, true>("pipe ra", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<false, 96, 0, kStages, true>("+items96 ra", sms, iters, o, tok, w, out, sink, cycles);
   }
   CHECK(cudaFree(tok));
   CHECK(cudaFree(w));
