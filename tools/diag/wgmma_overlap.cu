@@ -38,8 +38,8 @@
 // Alone: nvcc -std=c++17 -O3 -arch=sm_90a -I. -Iinclude -o wgmma_overlap tools/diag/wgmma_overlap.cu
 // Prints a table. --random: random operands (the layer's case, which puts the GPU at its power
 // cap) instead of near-constant ones; --sustain: each run after ~2 s of the same kernel back to
-// back; --pipe-only: only the pipelined runs; --only a,b: only the rows named. TFLOP/s: the tensor work over the best run's time;
-// GHz: the consumers' cycles over it.
+// back; --pipe-only: only the pipelined runs; --only a,b: only the rows named. TFLOP/s: the
+// tensor work over the best run's time; GHz: the consumers' cycles over it.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (MC == 3 || MC == 4) {
           // Token rows of the tensor map: the CTA group's 128 (this CTA's 64 of them in a pair),
           // K from the chunk; into both CTAs' stages at the same offset (MC 3).
-          const int row = static_cast<int>(blockIdx.x / 16) * 128 + (MC == 3 ? static_cast<int>(rank) * 64 : 0);
+          const int row =
+              static_cast<int>(blockIdx.x / 16) * 128 + (MC == 3 ? static_cast<int>(rank) * 64 : 0);
           const int k0 = (c % kPipeChunks) * 64;
           const std::uint32_t dst = base + st * kStageBytes + (MC == 3 ? rank * 8192 : 0);
           if constexpr (MC == 3) {
@@ -496,7 +497,7 @@ __global__ void __launch_bounds__(384, 1)
 struct Options {
   int random = 0;
   bool sustain = false;
-  bool pipe_only = false;  // only the pipelined runs
+  bool pipe_only = false;         // only the pipelined runs
   std::vector<std::string> only;  // --only: the rows of these names (all when empty)
   bool selected(const char* name) const {
     return only.empty() || std::find(only.begin(), only.end(), std::string(name)) != only.end();
@@ -552,13 +553,15 @@ CUtensorMap token_map(const std::uint8_t* tok, int groups, int rows) {
   }
   const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kPipeChunks) * 64, static_cast<cuuint64_t>(groups) * 128};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kPipeChunks) * 64,
+                              static_cast<cuuint64_t>(groups) * 128};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kPipeChunks) * 64 * 2};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint8_t*>(tok), dims,
-                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<std::uint8_t*>(tok), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
     std::exit(1);
