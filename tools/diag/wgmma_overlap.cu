@@ -27,7 +27,8 @@
 //             "whole": the pair's first CTA all of it), s8: an 8-stage ring; tm: the token block
 //             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
 //             no decode in the loop, the A registers random FP4 decoded once (the layer's data)
-//   ... n64, n32: rs and rs+dec with 64 and 32 tokens (m64n64k16, m64n32k16: 512 and 256
+//   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles); n64, n32: with 64 and 32 tokens
+//   (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
 //             two chunks before it are in flight
@@ -101,10 +102,35 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], std::uint64_t da, std::
       : ACC64(d)
       : "l"(da), "l"(db));
 }
-// RS wgmma with 128, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
+// m64n160k16 (160 tokens: a 128-token block with a 32-token tail in the same item), diag only.
+__device__ __forceinline__ void wgmma_m64n160k16_rs(float (&d)[80], const std::uint32_t (&a)[4],
+                                                    std::uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+      "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+      "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+      "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, "
+      "%71, %72, %73, %74, %75, %76, %77, %78, %79}, {%80, %81, %82, %83}, %84, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+// RS wgmma with 160, 128, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
 template <int N>
 __device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t db) {
-  if constexpr (N == 128) {
+  if constexpr (N == 160) {
+    wgmma_m64n160k16_rs(d, a, db);
+  } else if constexpr (N == 128) {
     wgmma_m64n128k16_rs(d, a, db, 1);
   } else if constexpr (N == 64) {
     wgmma_m64n64k16_rs(d, a, db, 1);
@@ -675,6 +701,9 @@ int main(int argc, char** argv) {
     run<kRSDec, 1, 32>("rs+dec n32", sms, iters, o, sink, cycles);
     run<kRSDec3, 1, 64>("rs+dec3 n64", sms, iters, o, sink, cycles);
     run<kRSDec3, 1, 32>("rs+dec3 n32", sms, iters, o, sink, cycles);
+    // 160 tokens read 20 KB of B: past the 16 KB B region into the SS A region, unused by RS.
+    run<kRS, 1, 160>("rs n160", sms, iters, o, sink, cycles);
+    run<kRSDec, 1, 160>("rs+dec n160", sms, iters, o, sink, cycles);
   }
   // The pipelined runs: 9 token buffers of 96 chunks (13.5 MB, L2-resident), 132 weight streams
   // of 96 chunks (117 MB: HBM).
