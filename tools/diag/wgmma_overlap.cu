@@ -27,7 +27,8 @@
 //             "whole": the pair's first CTA all of it), s8: an 8-stage ring; tm: the token block
 //             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
 //             no decode in the loop, the A registers random FP4 decoded once (the layer's data)
-//   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles); n64, n32: with 64 and 32 tokens
+//   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles; rs+dec's wgmmas are
+//             serialized, below); n64, n32: with 64 and 32 tokens
 //   (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
@@ -329,7 +330,7 @@ constexpr int pipe_smem(int stages) {
 // copies its down GEMM's token block); MC 4: unpaired, the whole block through a tensor map (MC 3's
 // baseline). MC 5: MC 1 with the remote arrivals at cluster scope (`.release.cluster`, the first
 // version's form, which ptxas fences with MEMBAR.ALL.GPU per arrival). STAGES: the ring's depth.
-constexpr bool pair_of(int mc) {
+__host__ __device__ constexpr bool pair_of(int mc) {
   return mc >= 1 && mc <= 3 || mc == 5;
 }
 // RA (with DEC false): the A registers hold random FP4 codes decoded and scaled once before the
@@ -702,6 +703,8 @@ int main(int argc, char** argv) {
     run<kRSDec3, 1, 64>("rs+dec3 n64", sms, iters, o, sink, cycles);
     run<kRSDec3, 1, 32>("rs+dec3 n32", sms, iters, o, sink, cycles);
     // 160 tokens read 20 KB of B: past the 16 KB B region into the SS A region, unused by RS.
+    // With the decode, 160 accumulators and two A sets (64 registers) exceed the consumers' 232:
+    // ptxas serializes those wgmmas (C7512), so "rs+dec n160" times a serialized chunk.
     run<kRS, 1, 160>("rs n160", sms, iters, o, sink, cycles);
     run<kRSDec, 1, 160>("rs+dec n160", sms, iters, o, sink, cycles);
   }
