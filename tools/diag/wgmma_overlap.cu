@@ -28,7 +28,7 @@
 //             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
 //             no decode in the loop, the A registers random FP4 decoded once (the layer's data)
 //   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles; rs+dec's wgmmas are
-//             serialized, below); n64, n32: with 64 and 32 tokens
+//             serialized, below); n96, n64, n32: with 96, 64 and 32 tokens
 //   (m64n64k16, m64n32k16: 512 and 256
 //             tensor cycles an iteration for the same decode)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
@@ -126,13 +126,33 @@ __device__ __forceinline__ void wgmma_m64n160k16_rs(float (&d)[80], const std::u
         "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-// RS wgmma with 160, 128, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
+// m64n96k16 (96 tokens: the 96-token tail instance a branch once built, exp/wgmma-n12-tail), diag only.
+__device__ __forceinline__ void wgmma_m64n96k16_rs(float (&d)[48], const std::uint32_t (&a)[4],
+                                                   std::uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+      "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+      "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, "
+      "%51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+// RS wgmma with 160, 128, 96, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
 template <int N>
 __device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t db) {
   if constexpr (N == 160) {
     wgmma_m64n160k16_rs(d, a, db);
   } else if constexpr (N == 128) {
     wgmma_m64n128k16_rs(d, a, db, 1);
+  } else if constexpr (N == 96) {
+    wgmma_m64n96k16_rs(d, a, db);
   } else if constexpr (N == 64) {
     wgmma_m64n64k16_rs(d, a, db, 1);
   } else {
@@ -705,6 +725,8 @@ int main(int argc, char** argv) {
     // 160 tokens read 20 KB of B: past the 16 KB B region into the SS A region, unused by RS.
     // With the decode, 160 accumulators and two A sets (64 registers) exceed the consumers' 232:
     // ptxas serializes those wgmmas (C7512), so "rs+dec n160" times a serialized chunk.
+    run<kRS, 1, 96>("rs n96", sms, iters, o, sink, cycles);
+    run<kRSDec, 1, 96>("rs+dec n96", sms, iters, o, sink, cycles);
     run<kRS, 1, 160>("rs n160", sms, iters, o, sink, cycles);
     run<kRSDec, 1, 160>("rs+dec n160", sms, iters, o, sink, cycles);
   }
