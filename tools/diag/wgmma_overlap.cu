@@ -26,7 +26,8 @@
 //             and gate/up GEMMs' items; ... mc: CTA pairs multicasting the token block (half each;
 //             "whole": the pair's first CTA all of it), s8: an 8-stage ring; tm: the token block
 //             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
-//             no decode in the loop, the A registers random FP4 decoded once (the layer's data)
+//             no decode in the loop, the A registers random FP4 decoded once (the layer's data);
+//             gather: the token block gathered row by row with cp.async (the first GEMM's feed)
 //   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles; rs+dec's wgmmas are
 //             serialized, below); n96, n64, n32: with 96, 64 and 32 tokens
 //   (m64n64k16, m64n32k16: 512 and 256
@@ -349,7 +350,9 @@ constexpr int pipe_smem(int stages) {
 // a tensor map (`cp.async.bulk.tensor ... .multicast::cluster`, 128-byte swizzle, as the kernel
 // copies its down GEMM's token block); MC 4: unpaired, the whole block through a tensor map (MC 3's
 // baseline). MC 5: MC 1 with the remote arrivals at cluster scope (`.release.cluster`, the first
-// version's form, which ptxas fences with MEMBAR.ALL.GPU per arrival). STAGES: the ring's depth.
+// version's form, which ptxas fences with MEMBAR.ALL.GPU per arrival). MC 6: unpaired, the token
+// block gathered row by row with cp.async by the producer warpgroup, as the kernel's first GEMM
+// gathers it. STAGES: the ring's depth.
 __host__ __device__ constexpr bool pair_of(int mc) {
   return mc >= 1 && mc <= 3 || mc == 5;
 }
@@ -370,7 +373,7 @@ __global__ void __launch_bounds__(384, 1)
   const std::uint32_t bars = base + STAGES * kStageBytes;  // full[s] at 8 s, empty[s] at 8 (STAGES + s)
   if (tid == 0) {
     for (int st = 0; st < STAGES; ++st) {
-      mbar_init(bars + 8 * st, 1);
+      mbar_init(bars + 8 * st, MC == 6 ? 129 : 1);
       mbar_init(bars + 8 * (STAGES + st), kPair ? 16 : 256);
     }
     mbar_fence_init();
@@ -385,7 +388,33 @@ __global__ void __launch_bounds__(384, 1)
   long long t0 = clock64();
   if (wg == 2) {
     setmaxnreg_dec<40>();
-    if (t == 0) {
+    if constexpr (MC == 6) {
+      // The first GEMM's gathering producer: the warpgroup's 128 threads copy the token block's
+      // rows with cp.async, thread t piece t % 8 of rows t / 8 + 16 j, to where the 128-byte
+      // swizzle puts it; the rows are the group's 128 token rows of the tensor-map view
+      // ([groups x 128][6144] bf16) in a scattered order. Thread 0 also copies the weights.
+      const int piece = t & 7;
+      const int row0 = t >> 3;
+      const std::uint8_t* rows =
+          tokens + static_cast<std::int64_t>(blockIdx.x / 16) * 128 * 12288 + piece * 16;
+      const std::uint8_t* src[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) src[j] = rows + ((row0 + 16 * j) * 37 % 128) * 12288;
+      const std::uint8_t* w = weights + static_cast<std::int64_t>(blockIdx.x) * kPipeChunks * 9216;
+      for (int c = 0; c < iters; ++c) {
+        const int st = c % STAGES;
+        mbar_wait(bars + 8 * (STAGES + st), ((c / STAGES) & 1) ^ 1);
+        const std::uint32_t sb = base + st * kStageBytes;
+        if (t == 0) {
+          mbar_arrive_expect_tx(bars + 8 * st, 9216);
+          bulk_copy(sb + 16384, w + (c % kPipeChunks) * 9216, 9216, bars + 8 * st);
+        }
+        const int k = (c % kPipeChunks) * 128;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) cp_async16(sb + swizzle128_offset(row0 + 16 * j, piece), src[j] + k);
+        cp_async_arrive_noinc(bars + 8 * st);
+      }
+    } else if (t == 0) {
       const std::uint8_t* tok = tokens + static_cast<std::int64_t>(blockIdx.x / 16) * kPipeChunks * 16384;
       const std::uint8_t* w = weights + static_cast<std::int64_t>(blockIdx.x) * kPipeChunks * 9216;
       for (int c = 0; c < iters; ++c) {
@@ -768,6 +797,9 @@ int main(int argc, char** argv) {
     run_pipe<false, 0, 4>("pipe tm", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<false, 0, 3>("pipe mctm", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<false, 0, 0, kStages, true>("pipe ra", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 0, 6>("pipe+dec gather", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<true, 96, 6>("+items96 gather", sms, iters, o, tok, w, out, sink, cycles);
+    run_pipe<false, 0, 6, kStages, true>("pipe ra gather", sms, iters, o, tok, w, out, sink, cycles);
     run_pipe<false, 96, 0, kStages, true>("+items96 ra", sms, iters, o, tok, w, out, sink, cycles);
   }
   CHECK(cudaFree(tok));
