@@ -28,10 +28,9 @@
 //             through a tensor map (unpaired), mctm: pairs multicasting halves through it; ra:
 //             no decode in the loop, the A registers random FP4 decoded once (the layer's data);
 //             gather: the token block gathered row by row with cp.async (the first GEMM's feed)
-//   ... n160: rs and rs+dec with 160 tokens (m64n160k16: 1280 tensor cycles; rs+dec's wgmmas are
-//             serialized, below); n96, n64, n32: with 96, 64 and 32 tokens
-//   (m64n64k16, m64n32k16: 512 and 256
-//             tensor cycles an iteration for the same decode)
+//   ... n160, n96, n64, n32: rs and rs+dec with 160, 96, 64 and 32 tokens (m64nNk16: 1280, 768,
+//             512 and 256 tensor cycles an iteration for the same decode; n160's rs+dec wgmmas
+//             are serialized, see main)
 //   rs+dec3   rs+dec with three A register sets (wait_group 2): a chunk's decode runs while the
 //             two chunks before it are in flight
 //
@@ -145,7 +144,7 @@ __device__ __forceinline__ void wgmma_m64n96k16_rs(float (&d)[48], const std::ui
         "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-// RS wgmma with 160, 128, 96, 64 or 32 tokens (sm90.cuh's): the decode per tensor cycle 1x, 2x, 4x.
+// RS wgmma with 160, 128, 96, 64 or 32 tokens (128, 64, 32: sm90.cuh's; 160, 96: above).
 template <int N>
 __device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t db) {
   if constexpr (N == 160) {
