@@ -648,7 +648,9 @@ template <bool DEC, int ITEM = 0, int MC = 0, int STAGES = kStages, bool RA = fa
 void run_pipe(const char* name, int sms, int iters, const Options& o, const std::uint8_t* tok,
               const std::uint8_t* w, std::uint8_t* out, float* sink, long long* cycles_d) {
   if (!o.selected(name)) return;
-  const CUtensorMap map = token_map(tok, (sms + 15) / 16, MC == 3 ? 64 : 128);
+  // Only the tensor-map rows read it (the others pass it unused).
+  const CUtensorMap map =
+      MC == 3 || MC == 4 ? token_map(tok, (sms + 15) / 16, MC == 3 ? 64 : 128) : CUtensorMap{};
   const auto fn = pipe<DEC, ITEM, MC, STAGES, RA>;
   CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, pipe_smem(STAGES)));
   cudaLaunchConfig_t lc{};
