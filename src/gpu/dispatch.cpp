@@ -186,7 +186,16 @@ GemmChoice choose_gemm(const LayerDesc& desc, std::int64_t tokens, Gemm which, c
     // 1.012x, T=128 0.979x; DeepSeek-V3 T=384 1.039x, T=320 1.014x, T=256 0.980x; Qwen3-235B
     // (no shared expert) T=128 (8) 0.988x, T=160-192 (10-12) 1.002x. Against n16: GLM-5 T=512
     // (16) 0.957x, T=640 0.990x.
-    c.n_tiles = per_expert >= 13.0 ? 16 : per_expert >= 10.0 ? 8 : 4;
+    // With a shared expert, 64-token blocks from 8 per expert (T=256 for GLM-5 and DeepSeek-V3):
+    // since the small-expert launch takes the experts of at most 16 tokens (b5e38df), the wgmma
+    // launches hold only experts of 17 or more, and the shared expert's T tokens; a 64-token block
+    // decodes its weights once where 32-token ones decode them twice. On the H200 (2026-12-03, n8
+    // forced through a tune cache against n4, four series of 2-3 alternations): GLM-5 T=256 1.022x,
+    // 1.003x, 1.005x (the peers' routing 1.041x), DeepSeek-V3 T=256 1.082x, 1.127x, 1.013x (1.030x);
+    // at T=192 (6 per expert) 0.997-1.064x and 0.969-1.021x, at T=128-160 0.995-0.999x: no rule
+    // there. Without a shared expert (Qwen3-235B, 8 per expert at T=128) n8 lost, 0.987-0.989x.
+    const double n8_from = desc.shared_pieces() > 0 ? 8.0 : 10.0;
+    c.n_tiles = per_expert >= 13.0 ? 16 : per_expert >= n8_from ? 8 : 4;
     c.warps = 8;  // consumer warps
     c.stages = deepest_wgmma_ring(c, limits.smem_per_block_optin);
     return c;

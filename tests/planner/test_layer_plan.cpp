@@ -71,13 +71,21 @@ TEST(LayerPlan, AWgmmaItemIs256RowsWhateverItsConsumerWarps) {
   }
   EXPECT_EQ((GemmChoice{GemmKernel::kTile, 2, 8, 4, 8, 1}).rows_per_item(), 256);
   EXPECT_EQ((GemmChoice{GemmKernel::kStream, 4, 1, 4, 8, 2}).rows_per_item(), 64);
-  // On sm_90 the dispatcher takes the wgmma kernel from a few tokens per expert: 32-token blocks
-  // at T=256 (8 per expert), 64-token ones at T=320-384 (10-12), 128-token ones from T=416 (13).
-  for (const auto& [t, n_tiles] : {std::pair{256, 4}, {320, 8}, {384, 8}, {416, 16}, {4096, 16}}) {
-    const GemmChoice c = pick_layer_gemm(glm5(), t, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
+  // On sm_90 the dispatcher takes the wgmma kernel from a few tokens per expert. With a shared
+  // expert (the GLM-5 preset): 32-token blocks at T=255 (just under 8 per expert), 64-token ones
+  // at T=256-384 (8-12), 128-token ones from T=416 (13).
+  for (const auto& [t, n_tiles] : {std::pair{255, 4}, {256, 8}, {320, 8}, {384, 8}, {416, 16}, {4096, 16}}) {
+    const GemmChoice c =
+        pick_layer_gemm(layer_preset("glm5"), t, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
     EXPECT_EQ(c.kernel, GemmKernel::kWgmma) << t;
     EXPECT_EQ(c.n_tiles, n_tiles) << t;
     EXPECT_EQ(c.warps, 8) << t;
+  }
+  // Without one (GLM-5's routed experts alone) 64-token blocks only from 10 per expert (T=320).
+  for (const auto& [t, n_tiles] : {std::pair{256, 4}, {319, 4}, {320, 8}, {416, 16}}) {
+    const GemmChoice c = pick_layer_gemm(glm5(), t, GemmKind::kGateUp, arch_by_name("sm_90")).choice;
+    EXPECT_EQ(c.kernel, GemmKernel::kWgmma) << t;
+    EXPECT_EQ(c.n_tiles, n_tiles) << t;
   }
 }
 
