@@ -49,6 +49,13 @@ series() {
     done
   done
   python3 tools/ab_summary.py "$prefix"-base-*.json -- "$prefix"-new-*.json | tee -a "$OUT/ab.txt" || status=1
+  # With --sustain in the bench arguments: the back-to-back times and the energy per forward too
+  # (per shape as well: until 2026-12-03 only the single-shape series printed them).
+  if [[ " $* " == *" --sustain "* ]]; then
+    for m in --sustained --energy; do
+      python3 tools/ab_summary.py "$m" "$prefix"-base-*.json -- "$prefix"-new-*.json | tee -a "$OUT/ab.txt" || status=1
+    done
+  fi
 }
 : > "$OUT/ab.txt"
 if [ -n "${FP4MOE_AB_SHAPES:-}" ]; then
@@ -68,12 +75,6 @@ if [ -n "${FP4MOE_AB_SHAPES:-}" ]; then
   exit $status
 fi
 series "$OUT/ab" "${args[@]}"
-# With --sustain in the bench arguments: the back-to-back times and the energy per forward too.
-if [[ " ${args[*]} " == *" --sustain "* ]]; then
-  for m in --sustained --energy; do
-    python3 tools/ab_summary.py "$m" "$OUT"/ab-base-*.json -- "$OUT"/ab-new-*.json | tee -a "$OUT/ab.txt" || status=1
-  done
-fi
 if [ -n "${FP4MOE_AB_TUNE_TOKENS:-}" ]; then
   for side in base new; do
     bin=$base
