@@ -23,6 +23,23 @@ __device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
+// L2 eviction policies (createpolicy, sm_80+) for the cache_hint forms of the copies: evict-first
+// for data read once per forward (expert weights at decode sizes), so that its lines leave L2
+// before the lines other loads still want (activations, lines prefetched for a later read); evict-
+// normal is what a copy without a hint gets. A run-time choice between the two costs one select.
+__device__ __forceinline__ std::uint64_t l2_policy(bool evict_first) {
+  std::uint64_t first, normal;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(normal));
+  return evict_first ? first : normal;
+}
+// cp_async16 with an L2 eviction policy (l2_policy).
+__device__ __forceinline__ void cp_async16_hint(std::uint32_t dst, const void* src, std::uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "l"(policy)
+               : "memory");
+}
+
 // NOTE: rows of 128 bytes (64 bf16) with 16-byte piece c of row r stored at piece c ^ (r % 8):
 // the 128-byte swizzle of wgmma's K-major layouts (PTX ISA, "Shared Memory Matrix Layout"), and
 // for LDS.128 it puts the 8 lanes of a phase (rows g, pieces 2t + h) on 8 distinct bank groups.

@@ -156,6 +156,15 @@ struct StreamGemmArgs {
   // launched (PDL) after GEMM1, which starts only once routing has completed. On the H200 its CTAs
   // become resident while GEMM1's last items run and the memory system has bandwidth to spare.
   int l2_prefetch_chunks = 0;
+  // Stream kernel only. 1: the weight copies carry an evict-first L2 policy (a forward reads each
+  // expert's weights once at decode sizes), so that lines prefetched into L2 for a later read (the
+  // fields above and below) are not the ones the stream evicts. 0: evict-normal (as without hints).
+  int l2_evict_first = 0;
+  // The fused first GEMM only (launch_stream_gemm_routed, sm_90+): bytes from l2_warm that its
+  // CTAs, an equal share each, prefetch into L2 at their start, while they route: the shared
+  // expert's weights, which need no routing, so that memory is busy while the routing chain runs.
+  const std::uint8_t* l2_warm = nullptr;
+  std::int64_t l2_warm_bytes = 0;
   // Stream kernel only. 1: the small-expert launch that follows a wgmma GEMM's launches (its
   // `active` / `n_active` the GroupArgs::small_experts list, its tb_prefix 0, 1, 2, ...: one
   // block per expert). Like a wgmma tail launch it starts without waiting for the launch before

@@ -322,9 +322,13 @@ __device__ __forceinline__ void scan_experts(const int* counts, int n, const Gro
 // pick) order), unlike the routing kernels' atomic one. Requires E + P <= blockDim.x (one expert
 // per thread in the scan), T * k <= kFusedRouteTokens * kMaxTopK, T * (k + P) <= kFusedRouteSlots,
 // and neither tail launches nor a small-expert launch (ga.tb_tail and ga.tb_small zero).
+// warm / warm_bytes: this CTA's share of bytes to prefetch into L2 while it routes (the fused first
+// GEMM's StreamGemmArgs::l2_warm); the CTA's last warp issues it once the routing's first input
+// word has come back, so that the routing's own loads are not queued behind it.
 template <int PER>
 __device__ __forceinline__ void route_group_cta(const RouteArgs& ra, const GroupArgs& ga,
-                                                FusedRouteTables& rt, bool publish) {
+                                                FusedRouteTables& rt, bool publish, const std::uint8_t* warm,
+                                                std::int64_t warm_bytes) {
   const int tid = static_cast<int>(threadIdx.x);
   const int nthreads = static_cast<int>(blockDim.x);
   const int lane = tid & 31;
@@ -337,6 +341,23 @@ __device__ __forceinline__ void route_group_cta(const RouteArgs& ra, const Group
   static_assert(kFusedRouteTokens <= 32, "a token's bit in a 32-bit mask");
   for (int e = tid; e < n; e += nthreads) rt.token_mask[e] = 0;
   __syncthreads();
+  if (warm_bytes > 0 && warp == (nthreads >> 5) - 1) {
+    // Wait for the routing's first input word (the routing warps asked for its line too), then
+    // prefetch: each lane an equal, 16-byte aligned part. Only a hint: a word that reads as all
+    // ones skips it (the branch is what keeps the prefetch after the load).
+    std::uint32_t first = 0;
+    if (lane == 0) {
+      first =
+          ra.logits != nullptr ? __float_as_uint(ra.logits[0]) : static_cast<std::uint32_t>(ga.topk_ids[0]);
+    }
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (first != 0xffffffffu) {
+      const std::int64_t piece = (warm_bytes / 32 + 15) / 16 * 16;
+      const std::int64_t begin = piece * lane;
+      const std::int64_t end = begin + piece < warm_bytes ? begin + piece : warm_bytes;
+      if (end > begin) prefetch_l2(warm + begin, static_cast<std::uint32_t>(end - begin));
+    }
+  }
   if (ra.logits != nullptr) {
     for (int t = warp; t < ra.tokens; t += nthreads >> 5) {
       const RoutePick pick = route_token<PER>(ra, t, lane);

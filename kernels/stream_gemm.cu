@@ -222,6 +222,7 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
 
   // The loader runs stages-1 chunks ahead of the consumer, across item boundaries. A warp
   // without K chunks loads nothing (it still commits its empty groups).
+  const std::uint64_t w_policy = l2_policy(p.l2_evict_first != 0);
   std::int64_t ld_item = ke > kb ? first_item : total_items;
   if (claims) {
     claim();
@@ -240,11 +241,11 @@ __device__ __forceinline__ void stream_gemm_body(const StreamGemmArgs& p, const 
       const std::uint8_t* w = ld.wsrc + static_cast<std::int64_t>(ld_chunk) * WeightLayout::kBlockBytes;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        cp_async16(st.w + i * WeightLayout::kTileWeightBytes,
-                   w + i * WeightLayout::kTileWeightBytes - kWeightSrcBias);
+        cp_async16_hint(st.w + i * WeightLayout::kTileWeightBytes,
+                        w + i * WeightLayout::kTileWeightBytes - kWeightSrcBias, w_policy);
       }
       if (lane < MT * 4) {
-        cp_async16(st.w + kScaleOff, w + ld.scale_rel);
+        cp_async16_hint(st.w + kScaleOff, w + ld.scale_rel, w_policy);
       }
       // Token rows past the block and K past the matrix are zero-filled (src-size 0: nothing is
       // read), so the consumer reads zeros there.
@@ -455,7 +456,11 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
                               const GroupArgs ga) {
   static_assert(sizeof(FusedRouteTables) == kFusedRouteTableBytes, "the host sizes the tables by this");
   __shared__ FusedRouteTables rt;
-  routing::route_group_cta<PER>(ra, ga, rt, blockIdx.x == 0);
+  // This CTA's share of the L2 warm-up (StreamGemmArgs::l2_warm), 16-byte aligned.
+  const std::int64_t share = (p.l2_warm_bytes / gridDim.x + 15) / 16 * 16;
+  const std::int64_t warm_begin = share * blockIdx.x < p.l2_warm_bytes ? share * blockIdx.x : p.l2_warm_bytes;
+  const std::int64_t warm_end = warm_begin + share < p.l2_warm_bytes ? warm_begin + share : p.l2_warm_bytes;
+  routing::route_group_cta<PER>(ra, ga, rt, blockIdx.x == 0, p.l2_warm + warm_begin, warm_end - warm_begin);
   // The body looks its items up in this CTA's tables (shared memory at fixed addresses: no
   // registers, and the lookups compile to shared-memory loads).
   StreamGemmArgs q = p;

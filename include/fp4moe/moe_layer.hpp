@@ -71,6 +71,14 @@ struct MoeLayerOptions {
   // With PDL on sm_90+: a decode-path (stream kernel) GEMM2 prefetches the first weights of its
   // warps into L2 (half the L2 in all) while GEMM1's last items still run (docs/KERNELS.md).
   bool l2_prefetch = true;
+  // The weight-streaming kernel's weight copies carry an evict-first L2 policy (sm_80+): at decode
+  // sizes a forward reads each expert's weights once, and lines fetched into L2 for a later read
+  // (the prefetches here and below) then outlive the stream's own (docs/KERNELS.md).
+  bool l2_evict_first = true;
+  // Where the first GEMM routes the tokens itself (fused_routing, sm_90+) and the layer has a shared
+  // expert: its CTAs prefetch the shared expert's first-GEMM weights into L2 while they route, so
+  // that memory works while the routing chain runs (docs/KERNELS.md).
+  bool shared_prefetch = true;
   // At decode sizes (T <= 16 with the stream kernel for both GEMMs), the first GEMM's CTAs route and
   // group the tokens themselves (forward_routed: the caller's ids), each into its own shared memory,
   // instead of a routing kernel before it: one launch and one handoff fewer (docs/KERNELS.md).

@@ -29,6 +29,8 @@ struct BenchOptions {
   bool baseline = true;             // time the BF16 cuBLAS layer beside fp4moe
   bool stages = false;              // also time each stage in place (prefix graphs; GPU only)
   bool l2_prefetch = true;          // MoeLayerOptions::l2_prefetch (off: for A/B runs)
+  bool l2_evict_first = true;       // MoeLayerOptions::l2_evict_first (off: for A/B runs)
+  bool shared_prefetch = true;      // MoeLayerOptions::shared_prefetch (off: for A/B runs)
   bool small_expert_launch = true;  // MoeLayerOptions::small_expert_launch (off: for A/B runs)
   bool fused_routing = true;        // MoeLayerOptions::fused_routing (off: for A/B runs)
   // Time forward_routed (the engine routes: each set's ids and weights computed once before, by

@@ -449,6 +449,8 @@ BenchReport run_gpu_bench(const BenchOptions& options, const Progress& progress)
   MoeLayerOptions lo;
   lo.max_tokens = max_t;
   lo.l2_prefetch = options.l2_prefetch;
+  lo.l2_evict_first = options.l2_evict_first;
+  lo.shared_prefetch = options.shared_prefetch;
   lo.small_expert_launch = options.small_expert_launch;
   lo.fused_routing = options.fused_routing;
   lo.small_expert_tokens = options.small_expert_tokens;

@@ -43,7 +43,8 @@ void register_bench(CLI::App& app) {
     std::string tokens;
     int iterations = 50, warmup = 5, sets = 4, small_expert_tokens = -1;
     bool no_baseline = false, cpu = false, stages = false, no_l2_prefetch = false, no_small_experts = false,
-         no_fused_routing = false, caller_routing = false, trace_clock = false, uniform_routing = false;
+         no_l2_evict_first = false, no_shared_prefetch = false, no_fused_routing = false,
+         caller_routing = false, trace_clock = false, uniform_routing = false;
     std::uint64_t seed = 1;
     double sustain = 0.0;
     std::string json;
@@ -63,6 +64,12 @@ void register_bench(CLI::App& app) {
                 "differences of forwards stopped after each; GPU only)");
   cmd->add_flag("--no-l2-prefetch", o->no_l2_prefetch,
                 "Turn off the decode GEMM2's L2 prefetch (MoeLayerOptions::l2_prefetch; for A/B runs)");
+  cmd->add_flag("--no-l2-evict-first", o->no_l2_evict_first,
+                "Stream the decode kernel's weights with L2's normal eviction priority, not evict-first "
+                "(MoeLayerOptions::l2_evict_first; for A/B runs)");
+  cmd->add_flag("--no-shared-prefetch", o->no_shared_prefetch,
+                "Turn off the shared expert's L2 prefetch while the first GEMM routes "
+                "(MoeLayerOptions::shared_prefetch; for A/B runs)");
   cmd->add_flag(
       "--caller-routing", o->caller_routing,
       "Time forward_routed, the path of engines that route themselves: each input set's top-k ids "
@@ -119,6 +126,8 @@ void register_bench(CLI::App& app) {
             o->cpu ? "--cpu given" : why);
     b.stages = o->stages;
     b.l2_prefetch = !o->no_l2_prefetch;
+    b.l2_evict_first = !o->no_l2_evict_first;
+    b.shared_prefetch = !o->no_shared_prefetch;
     b.small_expert_launch = !o->no_small_experts;
     b.fused_routing = !o->no_fused_routing;
     require(!o->caller_routing || (gpu && !o->stages),

@@ -811,6 +811,7 @@ kernels::StreamGemmArgs MoeLayer::Impl::gemm_args(gpu::Gemm which, const GemmCho
     g.out_ld = H;
   }
   g.l2_prefetch_chunks = l2_prefetch_chunks(which, c);
+  g.l2_evict_first = options.l2_evict_first ? 1 : 0;
   return g;
 }
 
@@ -849,9 +850,14 @@ void MoeLayer::Impl::run(Stream stream, const Bf16* x, const float* logits, cons
   const bool fused = decision.fused_routing && (logits != nullptr || ids_in != nullptr) &&
                      last != ForwardStage::kRouting && last != ForwardStage::kGather;
   if (fused) {
+    kernels::StreamGemmArgs a = gemm_args(gpu::Gemm::kGateUp, c1, x, false);
+    if (options.shared_prefetch && pieces > 0 && sm >= 90) {  // the shared expert: pseudo-experts E ..
+      a.l2_warm = a.weights + static_cast<std::int64_t>(d.experts) * stride1;
+      a.l2_warm_bytes = static_cast<std::int64_t>(pieces) * stride1;
+    }
     FP4MOE_CUDA_CHECK(kernels::launch_stream_gemm_routed(
-        gemm_args(gpu::Gemm::kGateUp, c1, x, false), gpu::stream_config(c1), e1, routed_grid(c1, e1),
-        route_args(logits, T), group_args(ids_in, T, c1, c2, decision.small_max), stream));
+        a, gpu::stream_config(c1), e1, routed_grid(c1, e1), route_args(logits, T),
+        group_args(ids_in, T, c1, c2, decision.small_max), stream));
   } else {
     route_and_group(stream, logits, ids_in, T, c1, c2, decision.small_max);
     if (last == ForwardStage::kRouting) return;

@@ -185,7 +185,9 @@ TEST(GpuMoeLayer, DecodeRouterWithFewTokensMatchesReference) {
 // kind, 16-256 experts (4 and 8 experts per router lane), 0-2 shared pieces, one expert taking
 // every token, T = 1-16, and the ring depths and K splits of the fused instances; T = 17 and
 // E + P above the CTA's threads fall back to the routing kernel (the plan says which ran). And
-// forward_routed's fused grouping of the caller's ids, with a duplicate and an invalid id.
+// forward_routed's fused grouping of the caller's ids, with a duplicate and an invalid id. The
+// fused layer prefetches its shared expert into L2 while it routes (MoeLayerOptions::
+// shared_prefetch), the other does not; half the cases also stream without the evict-first hint.
 TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
   FP4MOE_SKIP_WITHOUT_GPU();
   struct Case {
@@ -221,6 +223,10 @@ TEST(GpuMoeLayer, FusedRoutingMatchesTheRoutingKernel) {
       o.gemm2 = GemmChoice{GemmKernel::kStream, 4, 1, 3, 16, 2};
       MoeLayerOptions off = o;
       off.fused_routing = false;
+      // And the L2 hints off there (the shared expert's prefetch needs the fused path anyway): they
+      // change no result.
+      off.l2_evict_first = ci % 2 == 0;
+      off.shared_prefetch = false;
       const MoeLayer fused(w, o), plain(w, off);
       for (const std::int64_t T : {1, 2, 3, 5, 8, 9, 16, 17}) {
         SCOPED_TRACE(d.to_string() + " " + gemm1[gi].to_string() + " T=" + std::to_string(T));
@@ -991,6 +997,8 @@ TEST(GpuMoeLayer, RandomLayersMatchTheReference) {
     o.fused_routing = chance(0.8);
     o.small_expert_launch = chance(0.8);
     o.l2_prefetch = chance(0.8);
+    o.l2_evict_first = chance(0.8);
+    o.shared_prefetch = chance(0.8);
     o.use_tune_cache = false;
     o.gemm1 = random_choice();
     o.gemm2 = random_choice();
