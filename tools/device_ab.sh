@@ -8,7 +8,9 @@
 # Usage: tools/device_ab.sh BASE_BIN NEW_BIN (the same binary twice to compare environments)
 # Environment: FP4MOE_AB_BASE_ENV / FP4MOE_AB_NEW_ENV (VAR=value ... set for that side's runs only,
 # e.g. FP4MOE_AB_NEW_ENV=FP4MOE_TUNE_CACHE=/tmp/tune.json FP4MOE_AB_BASE_ENV=FP4MOE_TUNE_CACHE=/none
-# to measure what a tune cache gains), FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
+# to measure what a tune cache gains), FP4MOE_AB_BASE_ARGS / FP4MOE_AB_NEW_ARGS (bench arguments
+# added on that side only, e.g. FP4MOE_AB_BASE_ARGS=--no-l2-evict-first with the same binary twice:
+# what a MoeLayerOptions switch gains), FP4MOE_AB_RUNS (alternations, default 2), FP4MOE_AB_BENCH_ARGS (default
 # "--no-baseline --iterations 30"; with --sustain S the summary adds the back-to-back times and the
 # energy per forward), FP4MOE_AB_TUNE_TOKENS (e.g. 256,1024,4096: also tune both),
 # FP4MOE_AB_SHAPES (e.g. "gpt-oss-120b:1,2,4 glm5:1,2": several layers, each with its token
@@ -28,23 +30,28 @@ runs=${FP4MOE_AB_RUNS:-2}
 read -r -a args <<< "${FP4MOE_AB_BENCH_ARGS:---no-baseline --iterations 30}"
 read -r -a base_env <<< "${FP4MOE_AB_BASE_ENV:-}"
 read -r -a new_env <<< "${FP4MOE_AB_NEW_ENV:-}"
+read -r -a base_args <<< "${FP4MOE_AB_BASE_ARGS:-}"
+read -r -a new_args <<< "${FP4MOE_AB_NEW_ARGS:-}"
 status=0
 # One alternation series: bench arguments "$@" on both sides, JSON to $1-{base,new}-N.json, the
 # summary appended to ab.txt.
 series() {
   local prefix=$1
   shift
-  local r side bin side_env
+  local r side bin side_env side_args
   for ((r = 1; r <= runs; ++r)); do
     for side in base new; do
       bin=$base
       side_env=("${base_env[@]}")
+      side_args=("${base_args[@]}")
       if [ "$side" = new ]; then
         bin=$new
         side_env=("${new_env[@]}")
+        side_args=("${new_args[@]}")
       fi
-      echo "== $side run $r: ${side_env[*]} $bin bench $*"
-      env "${side_env[@]}" "$bin" bench "$@" --json "$prefix-$side-$r.json" > /dev/null 2> "/tmp/ab-$side-$r.err" || {
+      echo "== $side run $r: ${side_env[*]} $bin bench $* ${side_args[*]}"
+      env "${side_env[@]}" "$bin" bench "$@" "${side_args[@]}" --json "$prefix-$side-$r.json" > /dev/null \
+        2> "/tmp/ab-$side-$r.err" || {
         echo "BENCH FAILED ($side run $r)"; tail -5 "/tmp/ab-$side-$r.err"; status=1; }
     done
   done
