@@ -25,8 +25,9 @@ __device__ __forceinline__ void cp_async16_zfill(std::uint32_t dst, const void* 
 
 // L2 eviction policies (createpolicy, sm_80+) for the cache_hint forms of the copies: evict-first
 // for data read once per forward (expert weights at decode sizes), so that its lines leave L2
-// before the lines other loads still want (activations, lines prefetched for a later read); evict-
-// normal is what a copy without a hint gets. A run-time choice between the two costs one select.
+// before the lines other loads still want (activations, lines prefetched for a later read). A
+// run-time choice between the two costs one select. (An explicit evict-normal policy is not what a
+// copy without a hint gets: on the H200 it measured slower, docs/KERNELS.md.)
 __device__ __forceinline__ std::uint64_t l2_policy(bool evict_first) {
   std::uint64_t first, normal;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));

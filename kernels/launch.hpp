@@ -26,6 +26,23 @@ inline constexpr int kSmallRouteExperts = 256;
 // to kFusedRouteTokens tokens in each of its CTAs, into these shared-memory tables (static shared
 // memory beside the configuration's StreamGemmLayout::cta_bytes: kFusedRouteTableBytes). E + P
 // must not exceed the CTA's threads, T * (k + P) kFusedRouteSlots.
+// Part `index` of `parts` equal shares of `total` bytes, each `align`-byte aligned (total a multiple
+// of align): [begin, end), empty past the end, and the shares cover all of total. How the fused
+// first GEMM splits its L2 warm-up (StreamGemmArgs::l2_warm) over its CTAs, then over lanes.
+struct ByteRange {
+  std::int64_t begin, end;
+};
+constexpr ByteRange aligned_share(std::int64_t total, std::int64_t parts, std::int64_t index,
+                                  std::int64_t align) {
+  const std::int64_t share = ((total + parts - 1) / parts + align - 1) / align * align;
+  const std::int64_t begin = share * index < total ? share * index : total;
+  return {begin, begin + share < total ? begin + share : total};
+}
+static_assert(aligned_share(14155776, 132, 131, 16).end == 14155776);  // GLM-5's shared expert
+static_assert(aligned_share(96, 4, 1, 16).begin == 32 && aligned_share(96, 4, 1, 16).end == 64);
+static_assert(aligned_share(96, 4, 3, 16).begin == 96 && aligned_share(96, 4, 3, 16).end == 96);
+static_assert(aligned_share(16 * 133, 132, 131, 16).end == 16 * 133);  // floor(total / parts) would miss 16
+
 inline constexpr int kFusedRouteTokens = 16;  // (at most 32: a bit per token in a mask)
 inline constexpr int kFusedRouteExperts = 512;
 inline constexpr int kFusedRouteSlots = 512;
@@ -158,7 +175,8 @@ struct StreamGemmArgs {
   int l2_prefetch_chunks = 0;
   // Stream kernel only. 1: the weight copies carry an evict-first L2 policy (a forward reads each
   // expert's weights once at decode sizes), so that lines prefetched into L2 for a later read (the
-  // fields above and below) are not the ones the stream evicts. 0: evict-normal (as without hints).
+  // fields above and below) are not the ones the stream evicts. 0: an evict-normal policy, which
+  // measured 5-7% slower than no hint at all on the H200 (docs/KERNELS.md): not the old behaviour.
   int l2_evict_first = 0;
   // The fused first GEMM only (launch_stream_gemm_routed, sm_90+): bytes from l2_warm that its
   // CTAs, an equal share each, prefetch into L2 at their start, while they route: the shared

@@ -351,11 +351,9 @@ __device__ __forceinline__ void route_group_cta(const RouteArgs& ra, const Group
           ra.logits != nullptr ? __float_as_uint(ra.logits[0]) : static_cast<std::uint32_t>(ga.topk_ids[0]);
     }
     first = __shfl_sync(0xffffffffu, first, 0);
-    if (first != 0xffffffffu) {
-      const std::int64_t piece = (warm_bytes / 32 + 15) / 16 * 16;
-      const std::int64_t begin = piece * lane;
-      const std::int64_t end = begin + piece < warm_bytes ? begin + piece : warm_bytes;
-      if (end > begin) prefetch_l2(warm + begin, static_cast<std::uint32_t>(end - begin));
+    const ByteRange r = aligned_share(warm_bytes, 32, lane, 16);
+    if (first != 0xffffffffu && r.end > r.begin) {
+      prefetch_l2(warm + r.begin, static_cast<std::uint32_t>(r.end - r.begin));
     }
   }
   if (ra.logits != nullptr) {

@@ -456,11 +456,8 @@ __global__ void __launch_bounds__(StreamGemmLayout::max_warps(NT) * 32, 1)
                               const GroupArgs ga) {
   static_assert(sizeof(FusedRouteTables) == kFusedRouteTableBytes, "the host sizes the tables by this");
   __shared__ FusedRouteTables rt;
-  // This CTA's share of the L2 warm-up (StreamGemmArgs::l2_warm), 16-byte aligned.
-  const std::int64_t share = (p.l2_warm_bytes / gridDim.x + 15) / 16 * 16;
-  const std::int64_t warm_begin = share * blockIdx.x < p.l2_warm_bytes ? share * blockIdx.x : p.l2_warm_bytes;
-  const std::int64_t warm_end = warm_begin + share < p.l2_warm_bytes ? warm_begin + share : p.l2_warm_bytes;
-  routing::route_group_cta<PER>(ra, ga, rt, blockIdx.x == 0, p.l2_warm + warm_begin, warm_end - warm_begin);
+  const ByteRange warm = aligned_share(p.l2_warm_bytes, gridDim.x, blockIdx.x, 16);  // this CTA's share
+  routing::route_group_cta<PER>(ra, ga, rt, blockIdx.x == 0, p.l2_warm + warm.begin, warm.end - warm.begin);
   // The body looks its items up in this CTA's tables (shared memory at fixed addresses: no
   // registers, and the lookups compile to shared-memory loads).
   StreamGemmArgs q = p;
