@@ -44,6 +44,32 @@ __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long ke
   return (static_cast<unsigned long long>(max_hi) << 32) | max_lo;
 }
 
+// Sorts v into descending order in place: a bitonic network over compile-time indices, so that v
+// stays in registers.
+template <int N>
+__device__ __forceinline__ void sort_keys_descending(unsigned long long (&v)[N]) {
+  static_assert(N >= 1 && (N & (N - 1)) == 0, "a power of two");
+#pragma unroll
+  for (int size = 2; size <= N; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int j = i ^ stride;
+        if (j > i) {
+          // Runs of `size` alternate descending / ascending, so that each pair of them is bitonic;
+          // the last merge (size == N) is descending throughout.
+          const bool descending = (i & size) == 0;
+          const unsigned long long a = v[i], b = v[j];
+          const bool swap = descending ? a < b : a > b;
+          v[i] = swap ? b : a;
+          v[j] = swap ? a : b;
+        }
+      }
+    }
+  }
+}
+
 // A token's pick of one rank: its expert and weight (lanes < k; id -1 in the others).
 struct RoutePick {
   int id;
@@ -123,25 +149,20 @@ __device__ __forceinline__ RoutePick route_token(const RouteArgs& a, int t, int 
     }
   }
 
-  // The lane's best key, kept current as picks are taken.
-  unsigned long long lk = 0;
-#pragma unroll
-  for (int i = 0; i < PER; ++i) lk = key[i] > lk ? key[i] : lk;
+  // Each lane's keys in descending order, so that the lane whose best key a round takes moves its
+  // next one up (constant-index moves, no search): the rounds' chain is the warp maxima alone. (A
+  // search of the lane's remaining keys after each take was a serial chain of PER compares in
+  // one lane while the warp waited, every round.)
+  sort_keys_descending(key);
   int my_pick = -1;
-  std::uint32_t taken = 0;
   for (int r = 0; r < a.top_k; ++r) {
-    const unsigned long long best = warp_max_key(lk);
+    const unsigned long long best = warp_max_key(key[0]);
     const int id = key_id(best);
     if (lane == r) my_pick = id;
-    if ((id & 31) == lane) {
-      // A taken mask, not a store into key[]: an indexed store would move key[] to local memory.
-      taken |= 1u << (id >> 5);
-      lk = 0;
+    const bool taken = (id & 31) == lane;  // expert id is lane id + 32 i: its key was this lane's key[0]
 #pragma unroll
-      for (int i = 0; i < PER; ++i) {
-        if (!((taken >> i) & 1u) && key[i] > lk) lk = key[i];
-      }
-    }
+    for (int i = 0; i + 1 < PER; ++i) key[i] = taken ? key[i + 1] : key[i];
+    key[PER - 1] = taken ? 0ull : key[PER - 1];
   }
   // The pick's value: sigmoid router s, otherwise the logit.
   const float pick_logit = my_pick >= 0 ? logits[my_pick] : 0.0f;
