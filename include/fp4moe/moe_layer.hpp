@@ -7,7 +7,8 @@
 // sized at construction for options.max_tokens, so a forward can be captured in a CUDA graph and
 // replayed. The first forward of each token count decides its kernel configurations on the host
 // (planner::pick_layer_gemm, remembered per token count). The same inputs give bitwise the same output on
-// every run (no float atomics).
+// every run (no float atomics). Forwards of one layer share its workspace: run them on one stream,
+// or order them.
 //
 // Pointers: x is bf16 [T, H], router_logits fp32 [T, E], out bf16 [T, H], all row-major, on the
 // layer's device, 16-byte aligned. This header needs no CUDA headers; `Stream` is cudaStream_t.

@@ -811,34 +811,65 @@ TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {
   EXPECT_LE(test::relative_l2(run_gpu_routed(layer, x, r), ref.out), kTolerance);
 }
 
+// Captured into a graph and replayed, on the layer's own choices and with the wgmma kernel forced
+// (its forward has one more kernel, the k-permuted copy of x). Each graph is replayed twice with
+// new inputs in the same buffers, after an eager forward of other inputs on the legacy stream, so
+// that a replay that read a previous forward's intermediate results shows in the output.
 TEST(GpuMoeLayer, ForwardCapturesIntoACudaGraph) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = small_desc(RouterKind::kSigmoidGroupTopK);
   const LayerWeights w = random_layer_weights(d, 12);
-  const MoeLayer layer(w);
-  for (std::int64_t T : {4, 300}) {
-    const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1200);
-    const auto logits = make_logits(d, T, 1201);
-    DeviceArray<Bf16> dx(x.size()), dout(x.size());
-    DeviceArray<float> dl(logits.size());
-    dx.upload(x);
-    dl.upload(logits);
-    cudaStream_t s;
-    FP4MOE_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    FP4MOE_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    layer.forward(s, dx.get(), dl.get(), dout.get(), T);
-    FP4MOE_TEST_CUDA(cudaStreamEndCapture(s, &graph));
-    cudaGraphExec_t exec;
-    FP4MOE_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    dout.fill_bytes(0xff);
-    FP4MOE_TEST_CUDA(cudaGraphLaunch(exec, s));
-    FP4MOE_TEST_CUDA(cudaStreamSynchronize(s));
-    const ReferenceResult ref = reference_forward(w, x, logits, T);
-    EXPECT_LE(test::relative_l2(dout.download(), ref.out), kTolerance) << "T=" << T;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(s);
+  MoeLayerOptions forced;
+  forced.max_tokens = 512;
+  forced.gemm1 = forced.gemm2 = GemmChoice{GemmKernel::kWgmma, 2, 8, 4, 8, 1};
+  for (const MoeLayerOptions& o : {MoeLayerOptions{}, forced}) {
+    SCOPED_TRACE(o.gemm1 ? o.gemm1->to_string() : std::string("the layer's choice"));
+    on_forced_layer(w, o, [&](const MoeLayer& layer) {
+      for (std::int64_t T : {4, 300}) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        const std::size_t n = static_cast<std::size_t>(T * d.hidden);
+        DeviceArray<Bf16> dx(n), dout(n);
+        DeviceArray<float> dl(static_cast<std::size_t>(T * d.experts));
+        cudaStream_t s, other;
+        FP4MOE_TEST_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        FP4MOE_TEST_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        FP4MOE_TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        layer.forward(s, dx.get(), dl.get(), dout.get(), T);
+        FP4MOE_TEST_CUDA(cudaStreamEndCapture(s, &graph));
+        cudaGraphExec_t exec;
+        FP4MOE_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (std::uint64_t seed : {1200, 1210}) {
+          // An eager forward of other inputs first (its intermediate results are in the workspace).
+          run_gpu(layer, test::random_bf16(n, seed + 5), make_logits(d, T, seed + 6), T);
+          const auto x = test::random_bf16(n, seed);
+          const auto logits = make_logits(d, T, seed + 1);
+          dx.upload(x);
+          dl.upload(logits);
+          dout.fill_bytes(0xff);
+          FP4MOE_TEST_CUDA(cudaDeviceSynchronize());  // (the fill runs on the legacy stream)
+          FP4MOE_TEST_CUDA(cudaGraphLaunch(exec, s));
+          FP4MOE_TEST_CUDA(cudaStreamSynchronize(s));
+          const ReferenceResult ref = reference_forward(w, x, logits, T);
+          EXPECT_LE(test::relative_l2(dout.download(), ref.out), kTolerance) << "seed " << seed;
+        }
+        // Eager forwards on a stream the layer has not seen, back to back with the graph's stream.
+        const auto x = test::random_bf16(n, 1220);
+        const auto logits = make_logits(d, T, 1221);
+        dx.upload(x);
+        dl.upload(logits);
+        dout.fill_bytes(0xff);
+        FP4MOE_TEST_CUDA(cudaDeviceSynchronize());
+        layer.forward(other, dx.get(), dl.get(), dout.get(), T);
+        FP4MOE_TEST_CUDA(cudaStreamSynchronize(other));
+        EXPECT_LE(test::relative_l2(dout.download(), reference_forward(w, x, logits, T).out), kTolerance);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaStreamDestroy(other);
+        cudaStreamDestroy(s);
+      }
+    });
+    if (IsSkipped()) return;
   }
 }
 
