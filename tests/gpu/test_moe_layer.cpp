@@ -797,18 +797,23 @@ TEST(GpuMoeLayer, RoutedByCallerDropsInvalidIds) {
   FP4MOE_SKIP_WITHOUT_GPU();
   const LayerDesc d = small_desc(RouterKind::kSoftmaxTopK);
   const LayerWeights w = random_layer_weights(d, 11);
-  const MoeLayer layer(w);
-  const std::int64_t T = 6;
-  const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1100);
-  Routing r = route(d, make_logits(d, T, 1101), T);
-  // The reference with the bad pick removed (weight 0 gives the same sum as dropping it).
-  Routing dropped = r;
-  r.ids[5] = 99;
-  r.ids[9] = -1;
-  dropped.weights[5] = 0.0f;
-  dropped.weights[9] = 0.0f;
-  const ReferenceResult ref = reference_forward_routed(w, x, dropped);
-  EXPECT_LE(test::relative_l2(run_gpu_routed(layer, x, r), ref.out), kTolerance);
+  MoeLayerOptions o;
+  o.max_tokens = 1500;
+  const MoeLayer layer(w, o);
+  // T=6: the one-CTA grouping; 300 and 1500: the scatter kernel (1500 spans two of its CTAs).
+  for (const std::int64_t T : {6, 300, 1500}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const auto x = test::random_bf16(static_cast<std::size_t>(T * d.hidden), 1100);
+    Routing r = route(d, make_logits(d, T, 1101), T);
+    // The reference with the bad picks removed (weight 0 gives the same sum as dropping it).
+    Routing dropped = r;
+    for (const std::size_t i : {std::size_t{5}, std::size_t{9}, r.ids.size() - 1, r.ids.size() / 2}) {
+      r.ids[i] = i % 2 == 0 ? 99 : -1;
+      dropped.weights[i] = 0.0f;
+    }
+    const ReferenceResult ref = reference_forward_routed(w, x, dropped);
+    EXPECT_LE(test::relative_l2(run_gpu_routed(layer, x, r), ref.out), kTolerance);
+  }
 }
 
 // Captured into a graph and replayed, on the layer's own choices and with the wgmma kernel forced
