@@ -44,11 +44,15 @@ __device__ __forceinline__ bool valid_expert(const GroupArgs& g, int e) {
   return e >= 0 && e < g.experts;
 }
 
+// Where pick idx (token idx / k, rank idx % k) keeps its slot.
+__device__ __forceinline__ std::int32_t* pick_slot(const GroupArgs& g, int idx) {
+  return g.pair_slot + static_cast<std::int64_t>(idx / g.top_k) * (g.top_k + g.shared_pieces) + idx % g.top_k;
+}
+
 __device__ __forceinline__ void scatter_pair(const GroupArgs& g, int idx, const int* offsets, int* cursors) {
   const int t = idx / g.top_k;
-  const int j = idx % g.top_k;
   const int e = g.topk_ids[idx];
-  std::int32_t* pair = g.pair_slot + static_cast<std::int64_t>(t) * (g.top_k + g.shared_pieces) + j;
+  std::int32_t* pair = pick_slot(g, idx);
   if (!valid_expert(g, e)) {  // caller-given ids only: the pick is dropped
     *pair = -1;
     return;
@@ -147,8 +151,7 @@ __global__ void __launch_bounds__(kScatterThreads) group_scatter_kernel(const Gr
     e = ga.topk_ids[idx];
     if (!valid_expert(ga, e)) {  // caller-given ids only: the pick is dropped
       e = -1;
-      ga.pair_slot[static_cast<std::int64_t>(idx / ga.top_k) * (ga.top_k + ga.shared_pieces) +
-                   idx % ga.top_k] = -1;
+      *pick_slot(ga, idx) = -1;
     } else {
       rank = atomicAdd(&cta_count[e], 1);
     }
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(kScatterThreads) group_scatter_kernel(const Gr
     const int t = idx / ga.top_k;
     const int slot = ga.offsets[e] + cta_base[e] + rank;
     ga.slot_token[slot] = t;
-    ga.pair_slot[static_cast<std::int64_t>(t) * (ga.top_k + ga.shared_pieces) + idx % ga.top_k] = slot;
+    *pick_slot(ga, idx) = slot;
   } else if (idx >= pairs && idx < pairs + ga.tokens * ga.shared_pieces) {
     scatter_shared(ga, idx - pairs, ga.offsets);
   }
